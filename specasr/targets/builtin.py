@@ -2,6 +2,7 @@
 
 import importlib
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,10 +96,14 @@ def _generation_config(bundle: BundledWhisper, ct2_config: dict, ids: dict[str, 
     return config
 
 
+def _model_bin(bundle: BundledWhisper) -> bytes:
+    dirs = bundle.package_dirs()
+    return b"".join((d / f).read_bytes() for d, f in zip(dirs, bundle.weight_files, strict=True))
+
+
 def _convert(bundle: BundledWhisper, out: Path) -> None:
     dirs = bundle.package_dirs()
-    model_bin = b"".join((d / f).read_bytes() for d, f in zip(dirs, bundle.weight_files, strict=True))
-    config, state_dict = load_ct2_whisper(model_bin)
+    config, state_dict = load_ct2_whisper(_model_bin(bundle))
     ct2_config = json.loads((dirs[0] / "config.json").read_text())
     ids = _special_ids(dirs[0] / "tokenizer.json")
     generation = _generation_config(bundle, ct2_config, ids)
@@ -121,4 +126,19 @@ def builtin_model_dir(name: str) -> Path:
     if not (out / "model.safetensors").exists():
         with atomic_directory(out) as scratch:
             _convert(bundle, scratch)
+    return out
+
+
+def bundled_ct2_dir(name: str) -> Path:
+    """A folder CTranslate2 / faster-whisper can load for a built-in target (parts joined once)."""
+    bundle = BUILTIN_TARGETS[name]
+    dirs = bundle.package_dirs()
+    if bundle.weight_files == ("model.bin",):
+        return dirs[0]
+    out = cache_dir() / "ct2" / name
+    if not (out / "model.bin").exists():
+        with atomic_directory(out) as scratch:
+            (scratch / "model.bin").write_bytes(_model_bin(bundle))
+            for extra in ("config.json", "tokenizer.json", "vocabulary.txt"):
+                shutil.copyfile(dirs[0] / extra, scratch / extra)
     return out

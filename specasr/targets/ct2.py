@@ -152,7 +152,10 @@ def whisper_state_dict(variables: dict[str, np.ndarray], config: WhisperConfig) 
             if stack == "decoder":
                 _linear(out, f"{hf}.encoder_attn.q_proj", variables, f"{ct2}/attention/linear_0")
                 _split_linear(
-                    out, [f"{hf}.encoder_attn.k_proj", f"{hf}.encoder_attn.v_proj"], variables, f"{ct2}/attention/linear_1"
+                    out,
+                    [f"{hf}.encoder_attn.k_proj", f"{hf}.encoder_attn.v_proj"],
+                    variables,
+                    f"{ct2}/attention/linear_1",
                 )
                 _linear(out, f"{hf}.encoder_attn.out_proj", variables, f"{ct2}/attention/linear_2")
                 _norm(out, f"{hf}.encoder_attn_layer_norm", variables, f"{ct2}/attention/layer_norm")

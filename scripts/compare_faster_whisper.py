@@ -1,0 +1,50 @@
+"""Check the converted weights against faster-whisper's CTranslate2 runtime on the same bundled weights.
+
+Both sides get the same log-mel features (transformers' WhisperFeatureExtractor) and decode greedily
+in float32 without timestamps. Prints token-exact agreement and both WERs.
+
+    python scripts/compare_faster_whisper.py --target whisper-base [--limit N]
+"""
+
+import argparse
+
+import ctranslate2
+from tqdm import tqdm
+
+from specasr.audio import load_audio
+from specasr.dataset import DEFAULT_SPEECH_DIR, load_manifest
+from specasr.decode import greedy_tokens
+from specasr.metrics import word_error_rate
+from specasr.targets import load_target
+from specasr.targets.builtin import bundled_ct2_dir
+
+
+def ct2_greedy(model: ctranslate2.models.Whisper, features, prompt: tuple[int, ...]) -> list[int]:
+    storage = ctranslate2.StorageView.from_array(features.float().cpu().numpy())
+    return model.generate(storage, [list(prompt)], beam_size=1, max_length=448)[0].sequences_ids[0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", default="whisper-tiny.en")
+    parser.add_argument("--speech-dir", default=DEFAULT_SPEECH_DIR)
+    parser.add_argument("--limit", type=int, default=None)
+    args = parser.parse_args()
+
+    target = load_target(args.target)
+    peer = ctranslate2.models.Whisper(str(bundled_ct2_dir(args.target)), device="cpu", compute_type="float32")
+    utterances = load_manifest(args.speech_dir)[: args.limit]
+    ours, theirs = [], []
+    for utterance in tqdm(utterances, unit="utt"):
+        features = target.features(load_audio(utterance.path))
+        ours.append(greedy_tokens(target, target.encode(features)))
+        theirs.append(ct2_greedy(peer, features, target.prompt))
+    same = sum(a == b for a, b in zip(ours, theirs, strict=True))
+    references = [u.text for u in utterances]
+    print(f"{args.target}: token-exact on {same}/{len(utterances)} clips ({100 * same / len(utterances):.1f}%)")
+    print(f"WER specasr {100 * word_error_rate(references, [target.decode_text(t) for t in ours]):.2f}%")
+    print(f"WER ctranslate2 {100 * word_error_rate(references, [target.decode_text(t) for t in theirs]):.2f}%")
+
+
+if __name__ == "__main__":
+    main()

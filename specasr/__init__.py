@@ -1,0 +1,1 @@
+"""specasr: single-model speculative decoding for speech recognition."""

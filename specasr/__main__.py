@@ -1,0 +1,5 @@
+import sys
+
+from specasr.cli import main
+
+sys.exit(main())

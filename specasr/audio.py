@@ -1,0 +1,140 @@
+"""Load a clip from a path, raw bytes or an upload, check it, and return what Whisper expects: 16 kHz float32 mono."""
+
+import io
+import itertools
+import os
+from typing import BinaryIO
+
+import av
+import numpy as np
+import soundfile as sf
+import soxr
+
+SAMPLE_RATE = 16000
+DEFAULT_MAX_SECONDS = 30.0  # one Whisper window; the encoder would silently drop anything after it
+MIN_SECONDS = 0.1  # five encoder frames; anything shorter holds no word
+SILENCE_PEAK = 1e-4  # about 3 LSB of 16-bit PCM, so dither and DC noise still count as silence
+
+
+class AudioError(ValueError):
+    """A clip specasr cannot use; the message says why in plain words."""
+
+
+class UnreadableAudioError(AudioError):
+    """A missing file, or bytes that no decoder understands."""
+
+
+class EmptyAudioError(AudioError):
+    """No samples, or fewer than MIN_SECONDS of them."""
+
+
+class SilentAudioError(AudioError):
+    """Every sample is (near) zero."""
+
+
+class NonFiniteAudioError(AudioError):
+    """Some samples are NaN or infinite."""
+
+
+class AudioTooLongError(AudioError):
+    """Longer than the limit, by default one Whisper window."""
+
+
+def load_audio(source: str | os.PathLike | bytes | BinaryIO, max_seconds: float = DEFAULT_MAX_SECONDS) -> np.ndarray:
+    """Decode a path, raw file bytes or a binary file-like object into validated float32 mono samples at 16 kHz."""
+    data, name = _read_source(source)
+    if not (os.path.getsize(data) if isinstance(data, str) else data):
+        raise EmptyAudioError(f"{name} is an empty file (0 bytes)")
+    decoded = _decode_soundfile(data, name, max_seconds) or _decode_av(data, name, max_seconds)
+    if decoded is None:
+        raise UnreadableAudioError(f"cannot decode {name}: it is not audio in any format soundfile or FFmpeg can read")
+    samples, sample_rate = decoded
+    return _validate(samples, sample_rate, max_seconds, name)
+
+
+def validate_samples(
+    samples: np.ndarray, sample_rate: int = SAMPLE_RATE, max_seconds: float = DEFAULT_MAX_SECONDS
+) -> np.ndarray:
+    """Check a 1-D or (samples, channels) array at any rate; return it as float32 mono at 16 kHz."""
+    return _validate(samples, sample_rate, max_seconds, "audio")
+
+
+def _read_source(source: str | os.PathLike | bytes | BinaryIO) -> tuple[str | bytes, str]:
+    """What the decoders read (a path, or the whole file as bytes) and a name for error messages."""
+    if isinstance(source, str | os.PathLike):
+        path = os.fsdecode(source)
+        if not os.path.isfile(path):
+            raise UnreadableAudioError(f"no such file: {path}")
+        return path, path
+    if isinstance(source, bytes | bytearray):
+        return bytes(source), "audio bytes"
+    # Read an upload once: each decoder needs its own seekable copy from the start.
+    return source.read(), str(getattr(source, "name", "uploaded audio"))
+
+
+def _decode_soundfile(data: str | bytes, name: str, max_seconds: float) -> tuple[np.ndarray, int] | None:
+    try:
+        with sf.SoundFile(data if isinstance(data, str) else io.BytesIO(data)) as f:
+            _check_length(f.frames / f.samplerate, max_seconds, name)  # the header knows the length; skip decoding
+            return f.read(dtype="float32", always_2d=True), f.samplerate
+    except sf.SoundFileError:
+        return None
+
+
+def _decode_av(data: str | bytes, name: str, max_seconds: float) -> tuple[np.ndarray, int] | None:
+    chunks, count = [], 0
+    try:
+        with av.open(data if isinstance(data, str) else io.BytesIO(data)) as container:
+            stream = container.streams.audio[0]
+            header_seconds = (container.duration or 0) / av.time_base
+            resampler = av.AudioResampler(format="fltp")  # same rate and channels, one sample format
+            for frame in itertools.chain(container.decode(stream), [None]):  # None flushes the resampler
+                for out in resampler.resample(frame):
+                    chunks.append(out.to_ndarray())
+                    count += out.samples
+                # Stop at the limit rather than decode hours of audio into memory; the header says how long it is.
+                if count > max_seconds * stream.rate:
+                    _check_length(max(count / stream.rate, header_seconds), max_seconds, name)
+    except (av.FFmpegError, IndexError):  # IndexError: a container with no audio stream
+        return None
+    samples = np.concatenate(chunks, axis=1).T if chunks else np.zeros((0, 1), np.float32)
+    return samples, stream.rate
+
+
+def _check_length(seconds: float, max_seconds: float, name: str) -> None:
+    if seconds > max_seconds:
+        raise AudioTooLongError(
+            f"{name} is {seconds:.2f} s long, over the {max_seconds:g} s limit; "
+            "Whisper decodes 30 s windows, so split the clip into shorter pieces"
+        )
+
+
+def _validate(samples: np.ndarray, sample_rate: int, max_seconds: float, name: str) -> np.ndarray:
+    if sample_rate <= 0:
+        raise AudioError(f"sample rate must be positive, got {sample_rate}")
+    samples = np.asarray(samples)
+    if samples.ndim not in (1, 2):
+        raise AudioError(f"{name} must be 1-D or (samples, channels), got shape {samples.shape}")
+    if samples.size == 0:
+        raise EmptyAudioError(f"{name} contains no samples")
+    seconds = samples.shape[0] / sample_rate
+    if seconds < MIN_SECONDS:
+        raise EmptyAudioError(f"{name} is {seconds:.3f} s long; at least {MIN_SECONDS:g} s is needed")
+    _check_length(seconds, max_seconds, name)  # before resampling, which is the costly step
+
+    if np.issubdtype(samples.dtype, np.signedinteger):
+        samples = samples / -float(np.iinfo(samples.dtype).min)  # full-scale PCM maps to [-1, 1)
+    elif not np.issubdtype(samples.dtype, np.floating):
+        raise AudioError(f"{name} has unsupported sample type {samples.dtype}")
+    samples = samples.astype(np.float32, copy=False)
+    bad = int(np.count_nonzero(~np.isfinite(samples)))
+    if bad:
+        raise NonFiniteAudioError(f"{name} has {bad} NaN or infinite samples")
+
+    mono = samples.mean(axis=1) if samples.ndim == 2 else samples
+    peak = float(np.abs(mono).max())
+    if peak < SILENCE_PEAK:
+        raise SilentAudioError(f"{name} is silent: peak amplitude {peak:.2g} is below {SILENCE_PEAK:g}")
+    if sample_rate != SAMPLE_RATE:
+        mono = soxr.resample(np.ascontiguousarray(mono), sample_rate, SAMPLE_RATE, quality="VHQ")
+    return mono

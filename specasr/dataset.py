@@ -1,0 +1,34 @@
+"""Evaluation speech with reference transcripts, read in place from a manifest.tsv."""
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_SPEECH_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "speech"
+
+
+@dataclass(frozen=True)
+class Utterance:
+    id: str
+    path: Path
+    duration: float
+    speaker: str
+    text: str
+
+
+def load_manifest(speech_dir: Path = DEFAULT_SPEECH_DIR) -> list[Utterance]:
+    """Rows of `speech_dir/manifest.tsv` (id, path, duration_s, speaker, text, ...), in file order."""
+    manifest = Path(speech_dir) / "manifest.tsv"
+    if not manifest.is_file():
+        raise FileNotFoundError(f"no manifest.tsv in {speech_dir}")
+    with manifest.open(newline="") as f:
+        return [
+            Utterance(
+                id=row["id"],
+                path=manifest.parent / row["path"],
+                duration=float(row["duration_s"]),
+                speaker=row["speaker"],
+                text=row["text"],
+            )
+            for row in csv.DictReader(f, delimiter="\t")
+        ]

@@ -1,0 +1,202 @@
+"""A Whisper target: features, encoder, and a cached decoder step over transformers weights.
+
+The decoder step is our own (as in openai/whisper's model.py) rather than transformers'
+forward: it owns preallocated key/value caches, so rounds can roll back by length and later
+be captured as CUDA graphs, and it can hand out per-layer hidden states and cross-attention.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration, WhisperTokenizer
+
+HOP_LENGTH = 160  # samples per mel frame
+ENCODER_STRIDE = 2  # mel frames per encoder frame
+FRAME_SECONDS = HOP_LENGTH * ENCODER_STRIDE / 16000  # 20 ms per encoder frame
+
+
+@dataclass
+class KVCache:
+    """Self-attention keys/values up to a fixed capacity, and one clip's cross-attention keys/values.
+
+    Shapes: (layers, batch, heads, positions, head_dim). Entries at or beyond `length` are stale;
+    rolling back is just lowering `length`.
+    """
+
+    self_keys: Tensor
+    self_values: Tensor
+    cross_keys: Tensor
+    cross_values: Tensor
+    length: int = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.self_keys.shape[3]
+
+
+@dataclass
+class DecoderOutput:
+    logits: Tensor  # (batch, tokens, vocab)
+    hidden: Tensor | None  # (batch, tokens, len(taps) * d_model): outputs of the tapped layers, concatenated
+    cross_attention: Tensor | None  # (layers, batch, tokens, frames): cross-attention averaged over heads
+
+
+class WhisperTarget:
+    """A frozen Whisper model set up for English transcription without timestamps."""
+
+    def __init__(
+        self,
+        name: str,
+        model: WhisperForConditionalGeneration,
+        tokenizer: WhisperTokenizer,
+        feature_extractor: WhisperFeatureExtractor,
+    ):
+        self.name = name
+        self.model = model.eval().requires_grad_(False)
+        self.tokenizer = tokenizer
+        self.feature_extractor = feature_extractor
+        config, generation = model.config, model.generation_config
+        self.n_layers = config.decoder_layers
+        self.n_heads = config.decoder_attention_heads
+        self.d_model = config.d_model
+        self.head_dim = self.d_model // self.n_heads
+        self.vocab_size = config.vocab_size
+        self.max_length = generation.max_length or config.max_target_positions
+        self.eot = generation.eos_token_id
+        self.prompt = self._prompt(generation)
+        self.suppress = self._vocab_mask(generation.suppress_tokens)
+        self.begin_suppress = self._vocab_mask(generation.begin_suppress_tokens)
+        self.special_ids = frozenset(tokenizer.all_special_ids) | frozenset(range(self.eot, self.vocab_size))
+        self._decoder = model.model.decoder
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.dtype
+
+    def _prompt(self, generation) -> tuple[int, ...]:
+        prompt = [generation.decoder_start_token_id]
+        if getattr(generation, "is_multilingual", False):
+            prompt += [generation.lang_to_id["<|en|>"], generation.task_to_id["transcribe"]]
+        return (*prompt, generation.no_timestamps_token_id)
+
+    def _vocab_mask(self, token_ids: list[int] | None) -> Tensor:
+        mask = torch.zeros(self.vocab_size, dtype=torch.bool)
+        mask[list(token_ids or [])] = True
+        return mask.to(self.model.device)
+
+    # audio -> features -> encoder memory
+
+    def features(self, audio: np.ndarray) -> Tensor:
+        """Log-mel features of a 16 kHz clip, padded to Whisper's 30 s window: (1, mels, 3000)."""
+        mel = self.feature_extractor(audio, sampling_rate=16000, return_tensors="pt").input_features
+        return mel.to(self.device, self.dtype)
+
+    @staticmethod
+    def valid_frames(n_samples: int) -> int:
+        """Encoder frames that cover real audio; the rest of the 1500 are padding."""
+        return min(1500, -(-n_samples // (HOP_LENGTH * ENCODER_STRIDE)))
+
+    @torch.inference_mode()
+    def encode(self, features: Tensor) -> Tensor:
+        return self.model.model.encoder(features).last_hidden_state
+
+    # the cached decoder
+
+    @torch.inference_mode()
+    def new_cache(self, memory: Tensor, capacity: int | None = None) -> KVCache:
+        """Empty self-attention cache, and cross-attention keys/values computed once for this clip."""
+        batch, capacity = memory.shape[0], capacity or self.max_length
+        shape = (self.n_layers, batch, self.n_heads, capacity, self.head_dim)
+        cross_keys, cross_values = [], []
+        for layer in self._decoder.layers:
+            attn = layer.encoder_attn
+            cross_keys.append(self._heads(attn.k_proj(memory)))
+            cross_values.append(self._heads(attn.v_proj(memory)))
+        return KVCache(
+            self_keys=memory.new_zeros(shape),
+            self_values=memory.new_zeros(shape),
+            cross_keys=torch.stack(cross_keys),
+            cross_values=torch.stack(cross_values),
+        )
+
+    def _heads(self, x: Tensor) -> Tensor:
+        return x.view(x.shape[0], x.shape[1], self.n_heads, self.head_dim).transpose(1, 2)
+
+    def _merge_heads(self, x: Tensor) -> Tensor:
+        return x.transpose(1, 2).reshape(x.shape[0], x.shape[2], self.d_model)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        tokens: Tensor,
+        cache: KVCache,
+        taps: tuple[int, ...] = (),
+        cross_attention: bool = False,
+    ) -> DecoderOutput:
+        """Run `tokens` (batch, T) at positions cache.length.. and append them to the cache.
+
+        taps: decoder layers (1-based; 0 is the embedding) whose outputs to return.
+        cross_attention: also return each layer's head-averaged cross-attention weights.
+        """
+        start, n_new = cache.length, tokens.shape[1]
+        end = start + n_new
+        if end > cache.capacity:
+            raise ValueError(f"decoder cache holds {cache.capacity} positions; {end} requested")
+        decoder = self._decoder
+        x = decoder.embed_tokens(tokens) + decoder.embed_positions.weight[start:end]
+        causal = torch.arange(end, device=tokens.device) <= torch.arange(start, end, device=tokens.device)[:, None]
+        tapped = [x] if 0 in taps else []
+        attention_rows = []
+        for i, layer in enumerate(decoder.layers):
+            attn = layer.self_attn
+            h = layer.self_attn_layer_norm(x)
+            q = self._heads(attn.q_proj(h) * attn.scaling)
+            cache.self_keys[i, :, :, start:end] = self._heads(attn.k_proj(h))
+            cache.self_values[i, :, :, start:end] = self._heads(attn.v_proj(h))
+            out = F.scaled_dot_product_attention(
+                q, cache.self_keys[i, :, :, :end], cache.self_values[i, :, :, :end], attn_mask=causal, scale=1.0
+            )
+            x = x + attn.out_proj(self._merge_heads(out))
+
+            attn = layer.encoder_attn
+            q = self._heads(attn.q_proj(layer.encoder_attn_layer_norm(x)) * attn.scaling)
+            if cross_attention:
+                weights = torch.softmax(q @ cache.cross_keys[i].transpose(-1, -2), dim=-1)
+                out = weights @ cache.cross_values[i]
+                attention_rows.append(weights.mean(dim=1))
+            else:
+                out = F.scaled_dot_product_attention(q, cache.cross_keys[i], cache.cross_values[i], scale=1.0)
+            x = x + attn.out_proj(self._merge_heads(out))
+
+            h = layer.final_layer_norm(x)
+            x = x + layer.fc2(layer.activation_fn(layer.fc1(h)))
+            if i + 1 in taps:
+                tapped.append(x)
+        cache.length = end
+        logits = decoder.layer_norm(x) @ decoder.embed_tokens.weight.T
+        return DecoderOutput(
+            logits=logits,
+            hidden=torch.cat(tapped, dim=-1) if taps else None,
+            cross_attention=torch.stack(attention_rows) if cross_attention else None,
+        )
+
+    def greedy_tokens(self, logits: Tensor, first_index: int) -> Tensor:
+        """Whisper's greedy choice for each row of logits (batch, T, vocab).
+
+        first_index: how many tokens were generated before the first row; at 0 the tokens
+        Whisper never starts with (blank, end-of-text) are suppressed too, as `generate` does.
+        """
+        logits = logits.masked_fill(self.suppress, float("-inf"))
+        if first_index == 0:
+            logits[:, 0] = logits[:, 0].masked_fill(self.begin_suppress, float("-inf"))
+        return logits.argmax(dim=-1)
+
+    def decode_text(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(tokens, skip_special_tokens=True).strip()
