@@ -1,11 +1,18 @@
-"""Metrics computed from traces: word error rate (more follow with the speculative engine)."""
+"""Metrics computed from traces: WER, acceptance, anchor error, speed, the cost rule and bootstrap intervals."""
 
 import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import cache
 from importlib.resources import files
 
 import jiwer
+import numpy as np
+import pandas as pd
 from transformers.models.whisper.english_normalizer import EnglishTextNormalizer
+
+from specasr.trace import Trace
 
 
 @cache
@@ -28,3 +35,171 @@ def word_error_rate(references: list[str], hypotheses: list[str]) -> float:
         raise ValueError("no reference words to score")
     refs, hyps = zip(*pairs, strict=True)
     return jiwer.wer(list(refs), list(hyps))
+
+
+@dataclass
+class Acceptance:
+    """Acceptance pooled over rounds: survival s_k (s[0] = 1), conditional a_k^c (index 0 is depth 1), L."""
+
+    rounds: int
+    s: list[float]
+    conditional: list[float | None]  # None where no round survived to the previous depth
+    L: float  # mean accepted draft tokens per round = sum_{k>=1} s_k
+    tokens_per_round: float
+
+    @property
+    def a1(self) -> float | None:
+        """Restart acceptance s_1."""
+        return self.s[1] if len(self.s) > 1 else None
+
+    @property
+    def a2c(self) -> float | None:
+        """Continuation acceptance a_2^c = s_2 / s_1."""
+        return self.conditional[1] if len(self.conditional) > 1 else None
+
+
+def acceptance(traces: list[Trace]) -> Acceptance:
+    """Pool every round of every trace; K is the largest trace.k.
+
+    A round survives depth k when its first k proposals were accepted, so a round that proposed
+    fewer than k tokens (length limit, confidence stop) does not survive it.
+    """
+    k_max = max((t.k for t in traces), default=0)
+    accepted = [r.accepted for t in traces for r in t.rounds]
+    if not accepted:
+        raise ValueError("no speculative rounds to score (greedy traces have none)")
+    counts = np.bincount(accepted, minlength=k_max + 1)
+    survivors = counts[::-1].cumsum()[::-1][: k_max + 1]  # rounds with accepted >= k
+    s = (survivors / len(accepted)).tolist()
+    conditional = [s[k] / s[k - 1] if s[k - 1] > 0 else None for k in range(1, k_max + 1)]
+    # A round advances 1 + accepted tokens; the last round's end-of-text is not a transcript token.
+    tokens = sum(len(t.tokens) for t in traces)
+    return Acceptance(len(accepted), s, conditional, sum(s[1:]), tokens / len(accepted))
+
+
+def anchor_error_by_depth(traces: list[Trace]) -> pd.DataFrame:
+    """|draft_peak - reference_frame| in frames per draft depth, over steps where both are known."""
+    rows = [
+        (step.depth, abs(step.draft_peak - step.reference_frame))
+        for trace in traces
+        for step in trace.steps
+        if step.draft_peak is not None and step.reference_frame is not None
+    ]
+    errors = pd.DataFrame(rows, columns=["depth", "error"]).astype(float).groupby("depth")["error"]
+    table = pd.DataFrame(
+        {
+            "n": errors.size(),
+            "median": errors.median(),
+            "mean": errors.mean(),
+            "p90": errors.quantile(0.9),
+        }
+    )
+    return table.reset_index().astype({"depth": int, "n": int})
+
+
+def verify_anchor_error(traces: list[Trace], reference_frames: list[list[int | None]], layer: int) -> float:
+    """Median |verification attention peak at `layer` - reference frame| over verified tokens with a reference.
+
+    reference_frames[i][position] is the frame of traces[i]'s transcript token at that position.
+    """
+    errors = [
+        abs(token.verify_peaks[layer] - frames[token.position])
+        for trace, frames in zip(traces, reference_frames, strict=True)
+        for token in trace.verified
+        if frames[token.position] is not None
+    ]
+    if not errors:
+        raise ValueError("no verified tokens with a reference frame")
+    return float(np.median(errors))
+
+
+def speedup(baseline_seconds: list[float], candidate_seconds: list[float]) -> float:
+    """Total baseline wall-clock / total candidate wall-clock over the same utterances."""
+    if not baseline_seconds or len(baseline_seconds) != len(candidate_seconds):
+        raise ValueError(
+            f"need matched non-empty timings, got {len(baseline_seconds)} and {len(candidate_seconds)} utterances"
+        )
+    baseline, candidate = sum(baseline_seconds), sum(candidate_seconds)
+    if baseline <= 0 or candidate <= 0:
+        raise ValueError(f"total wall-clock must be positive, got {baseline} and {candidate} s")
+    return baseline / candidate
+
+
+def rho(traces: list[Trace]) -> float:
+    """Measured cost of one draft step over one verification pass, pooled over rounds.
+
+    Draft seconds include the draft's catch-up on the tokens verified in the previous round, so this
+    is the full draft cost per proposed token, not the bare proposal step.
+    """
+    rounds = [r for t in traces for r in t.rounds]
+    steps = sum(len(r.proposed) for r in rounds)
+    verify = sum(r.verify_seconds for r in rounds)
+    if not steps or verify <= 0:
+        raise ValueError("need rounds with draft steps and positive verification time to measure rho")
+    return (sum(r.draft_seconds for r in rounds) / steps) / (verify / len(rounds))
+
+
+def correction_pays(delta_L: float, L: float, delta_cost: float, k: int, rho: float) -> bool:
+    """Cost rule (paper eq. 5): a correction pays when dL / (1 + L) > dC / (1 + K*rho).
+
+    delta_cost is the correction's added cost per round in units of one verification pass.
+    """
+    return delta_L / (1 + L) > delta_cost / (1 + k * rho)
+
+
+def predicted_round_speedup(L: float, k: int, rho: float) -> float:
+    """Tokens per unit of target-pass cost relative to greedy, (1 + L) / (1 + K*rho).
+
+    The idealised decode-phase speedup: it ignores features, encoder and per-round overheads.
+    """
+    return (1 + L) / (1 + k * rho)
+
+
+@dataclass
+class Interval:
+    """A point estimate with its bootstrap interval."""
+
+    estimate: float
+    low: float
+    high: float
+
+
+def paired_bootstrap(
+    arm_a: list[Trace],
+    arm_b: list[Trace],
+    metric: Callable[[list[Trace]], float],
+    draws: int = 5000,
+    seed: int = 42,
+    level: float = 0.95,
+) -> Interval:
+    """Percentile interval for metric(arm_b) - metric(arm_a) by paired utterance resampling.
+
+    The arms are matched (same utterances, same order); each draw applies the same resampled
+    indices to both. Draws where the metric is undefined (ValueError, None or NaN) are skipped.
+    """
+    if len(arm_a) != len(arm_b) or not arm_a:
+        raise ValueError(f"arms must be matched and non-empty, got {len(arm_a)} and {len(arm_b)} utterances")
+    for i, (a, b) in enumerate(zip(arm_a, arm_b, strict=True)):
+        if a.clip_id != b.clip_id:
+            raise ValueError(f"arms differ at utterance {i}: {a.clip_id!r} vs {b.clip_id!r}")
+    estimate = _difference(metric, arm_a, arm_b)
+    rng = np.random.default_rng(seed)
+    differences = []
+    for _ in range(draws):
+        index = rng.integers(0, len(arm_a), size=len(arm_a)).tolist()
+        try:
+            differences.append(_difference(metric, [arm_a[i] for i in index], [arm_b[i] for i in index]))
+        except ValueError:
+            continue
+    if len(differences) * 2 < draws:
+        raise ValueError(f"metric undefined in {draws - len(differences)} of {draws} bootstrap draws")
+    low, high = np.quantile(differences, [(1 - level) / 2, (1 + level) / 2])
+    return Interval(estimate, float(low), float(high))
+
+
+def _difference(metric: Callable[[list[Trace]], float], arm_a: list[Trace], arm_b: list[Trace]) -> float:
+    """metric(arm_b) - metric(arm_a); ValueError where either is undefined."""
+    a, b = metric(arm_a), metric(arm_b)
+    if a is None or b is None or math.isnan(a) or math.isnan(b):
+        raise ValueError(f"metric is undefined on this sample ({a} and {b})")
+    return float(b - a)

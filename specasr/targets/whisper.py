@@ -41,7 +41,7 @@ class KVCache:
 class DecoderOutput:
     logits: Tensor  # (batch, tokens, vocab)
     hidden: Tensor | None  # (batch, tokens, len(taps) * d_model): outputs of the tapped layers, concatenated
-    cross_attention: Tensor | None  # (layers, batch, tokens, frames): cross-attention averaged over heads
+    cross_attention: Tensor | None  # (attention_layers, batch, tokens, frames): averaged over heads
 
 
 class WhisperTarget:
@@ -138,12 +138,12 @@ class WhisperTarget:
         tokens: Tensor,
         cache: KVCache,
         taps: tuple[int, ...] = (),
-        cross_attention: bool = False,
+        attention_layers: tuple[int, ...] = (),
     ) -> DecoderOutput:
         """Run `tokens` (batch, T) at positions cache.length.. and append them to the cache.
 
         taps: decoder layers (1-based; 0 is the embedding) whose outputs to return.
-        cross_attention: also return each layer's head-averaged cross-attention weights.
+        attention_layers: decoder layers (0-based) whose head-averaged cross-attention to return.
         """
         start, n_new = cache.length, tokens.shape[1]
         end = start + n_new
@@ -167,7 +167,7 @@ class WhisperTarget:
 
             attn = layer.encoder_attn
             q = self._heads(attn.q_proj(layer.encoder_attn_layer_norm(x)) * attn.scaling)
-            if cross_attention:
+            if i in attention_layers:
                 weights = torch.softmax(q @ cache.cross_keys[i].transpose(-1, -2), dim=-1)
                 out = weights @ cache.cross_values[i]
                 attention_rows.append(weights.mean(dim=1))
@@ -184,7 +184,7 @@ class WhisperTarget:
         return DecoderOutput(
             logits=logits,
             hidden=torch.cat(tapped, dim=-1) if taps else None,
-            cross_attention=torch.stack(attention_rows) if cross_attention else None,
+            cross_attention=torch.stack(attention_rows) if attention_layers else None,
         )
 
     def greedy_tokens(self, logits: Tensor, first_index: int) -> Tensor:

@@ -1,0 +1,233 @@
+"""The draft: one causal block attached to a frozen target (EAGLE-3 style, with audio cross-attention).
+
+At position t the draft reads the target's fused hidden states f_t (or, on its own later steps,
+its prediction of them) and the token x_{t+1}, and predicts x_{t+2} through the target's frozen
+LM head, plus the target features f_{t+1} for its next step. Its cross-attention reads the
+target's encoder output at every step, optionally through a window; the `no-audio` variant has
+no cross-attention and is otherwise identical.
+"""
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from specasr.targets import WhisperTarget
+
+
+@dataclass
+class DraftConfig:
+    target: str  # the target it was built for
+    d_model: int  # the target's width, which the draft shares
+    n_heads: int
+    ffn_dim: int
+    vocab_size: int  # the target's vocabulary
+    taps: tuple[int, ...]  # target decoder layers whose outputs are fused (0 = embeddings)
+    audio: bool = True
+    vocab_ids: list[int] | None = None  # a reduced draft vocabulary, or None for the target's
+    variant: str = "random"
+    training: dict = field(default_factory=dict)  # settings, data hash and seed of the run that made it
+
+    @classmethod
+    def for_target(cls, target: WhisperTarget, audio: bool = True, **overrides) -> "DraftConfig":
+        """Low, middle and top decoder layers, the target's width and heads, a 2x feed-forward."""
+        n = target.n_layers
+        defaults = {
+            "target": target.name,
+            "d_model": target.d_model,
+            "n_heads": target.n_heads,
+            "ffn_dim": 2 * target.d_model,
+            "vocab_size": target.vocab_size,
+            "taps": (1, (n + 1) // 2, n),
+            "audio": audio,
+            "variant": "random" if audio else "no-audio",
+        }
+        return cls(**{**defaults, **overrides})
+
+
+class DraftMismatchError(ValueError):
+    """A draft that does not fit the target it is attached to."""
+
+
+@dataclass
+class DraftCache:
+    """The draft's own self-attention keys/values (batch, heads, positions, head_dim) and its audio keys/values."""
+
+    keys: Tensor
+    values: Tensor
+    audio_keys: Tensor | None
+    audio_values: Tensor | None
+    valid_frames: int
+    length: int = 0
+
+
+@dataclass
+class DraftOutput:
+    logits: Tensor  # (batch, T, draft vocabulary)
+    features: Tensor  # (batch, T, len(taps) * d_model): predicted target features for the next position
+    attention: Tensor | None  # (batch, T, frames): audio attention averaged over heads
+
+
+def window_mask(valid_frames: int, frames: int, centres: Tensor, half_width: int) -> Tensor:
+    """Which audio frames each draft step may attend: (…, frames) from centres (…), -1 meaning no window.
+
+    Padding frames (>= valid_frames) are never attended; a window is clipped to the valid frames.
+    """
+    frame = torch.arange(frames, device=centres.device)
+    valid = frame < valid_frames
+    inside = (frame - centres.unsqueeze(-1)).abs() <= half_width
+    return valid & (inside | (centres.unsqueeze(-1) < 0))
+
+
+class Draft(nn.Module):
+    def __init__(self, config: DraftConfig):
+        super().__init__()
+        self.config = config
+        d, n_features = config.d_model, len(config.taps) * config.d_model
+        self.fuse = nn.Linear(n_features, d)
+        self.combine = nn.Linear(2 * d, d)
+        self.self_norm = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.self_out = nn.Linear(d, d)
+        if config.audio:
+            self.audio_norm = nn.LayerNorm(d)
+            self.audio_q = nn.Linear(d, d)
+            self.audio_kv = nn.Linear(d, 2 * d)
+            self.audio_out = nn.Linear(d, d)
+        self.ffn_norm = nn.LayerNorm(d)
+        self.ffn = nn.Sequential(nn.Linear(d, config.ffn_dim), nn.GELU(), nn.Linear(config.ffn_dim, d))
+        self.out_norm = nn.LayerNorm(d)
+        self.feature_head = nn.Linear(d, n_features)
+        self.head_dim = d // config.n_heads
+        self._frozen: dict[str, Tensor] = {}
+
+    def attach(self, target: WhisperTarget) -> "Draft":
+        """Borrow the target's frozen token embedding, positions and LM head (never saved with the draft)."""
+        check_fits(self.config, target)
+        decoder = target.model.model.decoder
+        embedding = decoder.embed_tokens.weight
+        vocab = self.config.vocab_ids
+        self._frozen = {
+            "embedding": embedding,
+            "positions": decoder.embed_positions.weight,
+            "lm_head": embedding if vocab is None else embedding[torch.tensor(vocab, device=embedding.device)],
+        }
+        return self.to(embedding.device, embedding.dtype)
+
+    @property
+    def name(self) -> str:
+        return f"{self.config.target}/{self.config.variant}@{self.weights_hash()[:10]}"
+
+    def weights_hash(self) -> str:
+        digest = hashlib.sha256()
+        for key, tensor in sorted(self.state_dict().items()):
+            digest.update(key.encode())
+            digest.update(tensor.detach().to(torch.float32).cpu().numpy().tobytes())
+        return digest.hexdigest()
+
+    def vocab_to_target(self, draft_tokens: Tensor) -> Tensor:
+        if self.config.vocab_ids is None:
+            return draft_tokens
+        return torch.tensor(self.config.vocab_ids, device=draft_tokens.device)[draft_tokens]
+
+    def new_cache(self, memory: Tensor, valid_frames: int, capacity: int) -> DraftCache:
+        """An empty cache for one clip; the audio keys/values are projected once here."""
+        batch, d = memory.shape[0], self.config.d_model
+        shape = (batch, self.config.n_heads, capacity, self.head_dim)
+        audio_keys = audio_values = None
+        if self.config.audio:
+            audio_keys, audio_values = (self._heads(x) for x in self.audio_kv(memory).split(d, dim=-1))
+        return DraftCache(memory.new_zeros(shape), memory.new_zeros(shape), audio_keys, audio_values, valid_frames)
+
+    def _heads(self, x: Tensor) -> Tensor:
+        return x.view(x.shape[0], x.shape[1], self.config.n_heads, self.head_dim).transpose(1, 2)
+
+    def _merge(self, x: Tensor) -> Tensor:
+        return x.transpose(1, 2).reshape(x.shape[0], x.shape[2], self.config.d_model)
+
+    def forward(self, features: Tensor, tokens: Tensor, cache: DraftCache, window: Tensor | None = None) -> DraftOutput:
+        """Steps at positions cache.length.. for target features (batch, T, F) and tokens x_{t+1} (batch, T).
+
+        window: (batch, T, frames) boolean, the frames each step may attend; None allows every valid frame.
+        """
+        start, end = cache.length, cache.length + tokens.shape[1]
+        embedded = self._frozen["embedding"][tokens] + self._frozen["positions"][start:end]
+        x = self.combine(torch.cat([self.fuse(features), embedded], dim=-1))
+
+        q, k, v = (self._heads(p) for p in self.qkv(self.self_norm(x)).split(self.config.d_model, dim=-1))
+        cache.keys[:, :, start:end] = k
+        cache.values[:, :, start:end] = v
+        causal = torch.arange(end, device=x.device) <= torch.arange(start, end, device=x.device)[:, None]
+        out = F.scaled_dot_product_attention(q, cache.keys[:, :, :end], cache.values[:, :, :end], attn_mask=causal)
+        x = x + self.self_out(self._merge(out))
+        cache.length = end
+
+        attention = None
+        if self.config.audio:
+            frames = cache.audio_keys.shape[2]
+            if window is None:
+                window = torch.arange(frames, device=x.device) < cache.valid_frames
+            q = self._heads(self.audio_q(self.audio_norm(x)))
+            scores = (q @ cache.audio_keys.transpose(-1, -2)) * self.head_dim**-0.5
+            weights = scores.masked_fill(~window.unsqueeze(1), float("-inf")).softmax(dim=-1)
+            x = x + self.audio_out(self._merge(weights @ cache.audio_values))
+            attention = weights.mean(dim=1)
+
+        x = x + self.ffn(self.ffn_norm(x))
+        h = self.out_norm(x)
+        return DraftOutput(logits=h @ self._frozen["lm_head"].T, features=self.feature_head(x), attention=attention)
+
+
+def check_fits(config: DraftConfig, target: WhisperTarget) -> None:
+    problems = []
+    if config.d_model != target.d_model:
+        problems.append(f"hidden size {config.d_model} vs the target's {target.d_model}")
+    if config.vocab_size != target.vocab_size:
+        problems.append(f"vocabulary {config.vocab_size} vs the target's {target.vocab_size}")
+    if max(config.taps) > target.n_layers or min(config.taps) < 0:
+        problems.append(f"layer taps {config.taps} outside the target's {target.n_layers} decoder layers")
+    if problems:
+        raise DraftMismatchError(
+            f"draft for {config.target!r} does not fit target {target.name!r}: " + "; ".join(problems)
+        )
+
+
+def random_draft(target: WhisperTarget, audio: bool = True, seed: int = 0, **overrides) -> Draft:
+    """An untrained draft with seeded weights: valid for lossless checks, useless for speed."""
+    torch.manual_seed(seed)
+    return Draft(DraftConfig.for_target(target, audio=audio, **overrides)).attach(target).eval()
+
+
+def save_draft(draft: Draft, path: Path, dtype: torch.dtype = torch.float16) -> None:
+    """The draft's own weights as safetensors plus its config as JSON (never the target's weights)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    save_file(
+        {k: v.detach().to(dtype).cpu().contiguous() for k, v in draft.state_dict().items()}, path / "draft.safetensors"
+    )
+    (path / "config.json").write_text(json.dumps(asdict(draft.config), indent=2))
+
+
+def load_draft(path: Path, target: WhisperTarget) -> Draft:
+    """A saved draft attached to `target`; fails clearly when it was made for a different target."""
+    path = Path(path)
+    config_file, weights_file = path / "config.json", path / "draft.safetensors"
+    if not (config_file.is_file() and weights_file.is_file()):
+        raise FileNotFoundError(f"{path} is not a draft checkpoint (expected config.json and draft.safetensors)")
+    try:
+        raw = json.loads(config_file.read_text())
+        config = DraftConfig(**{**raw, "taps": tuple(raw["taps"])})
+    except (json.JSONDecodeError, TypeError, KeyError) as error:
+        raise DraftMismatchError(f"{config_file} is not a valid draft config: {error}") from error
+    check_fits(config, target)
+    draft = Draft(config)
+    try:
+        draft.load_state_dict(load_file(weights_file))
+    except RuntimeError as error:
+        raise DraftMismatchError(f"{weights_file} does not match its config: {error}") from error
+    return draft.attach(target).eval().requires_grad_(False)
