@@ -3,7 +3,7 @@
 Both sides get the same log-mel features (transformers' WhisperFeatureExtractor) and decode greedily
 in float32 without timestamps. Prints token-exact agreement and both WERs.
 
-    python scripts/compare_faster_whisper.py --target whisper-base [--limit N]
+    python -m scripts.compare_faster_whisper --target whisper-base [--limit N]
 """
 
 import argparse

@@ -43,7 +43,7 @@ class DraftConfig:
             "n_heads": target.n_heads,
             "ffn_dim": 2 * target.d_model,
             "vocab_size": target.vocab_size,
-            "taps": (1, (n + 1) // 2, n),
+            "taps": tuple(sorted({1, (n + 1) // 2, n})),
             "audio": audio,
             "variant": "random" if audio else "no-audio",
         }
@@ -189,8 +189,8 @@ def check_fits(config: DraftConfig, target: WhisperTarget) -> None:
         problems.append(f"hidden size {config.d_model} vs the target's {target.d_model}")
     if config.vocab_size != target.vocab_size:
         problems.append(f"vocabulary {config.vocab_size} vs the target's {target.vocab_size}")
-    if max(config.taps) > target.n_layers or min(config.taps) < 0:
-        problems.append(f"layer taps {config.taps} outside the target's {target.n_layers} decoder layers")
+    if list(config.taps) != sorted(set(config.taps)) or not 0 <= min(config.taps) <= max(config.taps) <= target.n_layers:
+        problems.append(f"layer taps {config.taps} are not increasing layers of the target's {target.n_layers}")
     if problems:
         raise DraftMismatchError(
             f"draft for {config.target!r} does not fit target {target.name!r}: " + "; ".join(problems)

@@ -1,7 +1,18 @@
+from functools import cache
+
 import pytest
+import torch
+from transformers import (
+    GenerationConfig,
+    WhisperConfig,
+    WhisperFeatureExtractor,
+    WhisperForConditionalGeneration,
+    WhisperTokenizer,
+)
 
 from specasr.dataset import DEFAULT_SPEECH_DIR, Utterance, load_manifest
 from specasr.targets import WhisperTarget, load_target
+from specasr.targets.builtin import builtin_model_dir
 
 # A few short clips from different sources of the shared developer set.
 SAMPLE_IDS = (
@@ -33,3 +44,49 @@ def tiny_en() -> WhisperTarget:
 @pytest.fixture(scope="session")
 def base() -> WhisperTarget:
     return load_target("whisper-base")
+
+
+@cache
+def _tiny_en_text_tools() -> tuple[WhisperTokenizer, WhisperFeatureExtractor]:
+    folder = builtin_model_dir("whisper-tiny.en")
+    return WhisperTokenizer.from_pretrained(folder), WhisperFeatureExtractor.from_pretrained(folder)
+
+
+def random_whisper_target(
+    seed: int, layers: int, heads: int, vocab_size: int, max_length: int, init_std: float = 0.02
+) -> WhisperTarget:
+    """A tiny randomly initialised Whisper with a small vocabulary, so random drafts are often right.
+
+    Token 1 is end-of-text, 2 start-of-transcript, 3 no-timestamps; 4 is suppressed, 5 never comes first.
+    Small init_std gives repetitive output, large init_std erratic output.
+    """
+    torch.manual_seed(seed)
+    d_model = 16 * heads
+    config = WhisperConfig(
+        vocab_size=vocab_size,
+        d_model=d_model,
+        encoder_layers=1,
+        decoder_layers=layers,
+        encoder_attention_heads=heads,
+        decoder_attention_heads=heads,
+        encoder_ffn_dim=2 * d_model,
+        decoder_ffn_dim=2 * d_model,
+        max_source_positions=40,
+        max_target_positions=max_length,
+        pad_token_id=1,
+        bos_token_id=1,
+        eos_token_id=1,
+        decoder_start_token_id=2,
+        begin_suppress_tokens=[5],
+        init_std=init_std,
+    )
+    model = WhisperForConditionalGeneration(config)
+    model.generation_config = GenerationConfig(
+        decoder_start_token_id=2,
+        eos_token_id=1,
+        no_timestamps_token_id=3,
+        suppress_tokens=[4],
+        begin_suppress_tokens=[5],
+        max_length=max_length,
+    )
+    return WhisperTarget("random-whisper", model, *_tiny_en_text_tools())
