@@ -189,7 +189,8 @@ def check_fits(config: DraftConfig, target: WhisperTarget) -> None:
         problems.append(f"hidden size {config.d_model} vs the target's {target.d_model}")
     if config.vocab_size != target.vocab_size:
         problems.append(f"vocabulary {config.vocab_size} vs the target's {target.vocab_size}")
-    if list(config.taps) != sorted(set(config.taps)) or not 0 <= min(config.taps) <= max(config.taps) <= target.n_layers:
+    taps = list(config.taps)
+    if not taps or taps != sorted(set(taps)) or not 0 <= taps[0] <= taps[-1] <= target.n_layers:
         problems.append(f"layer taps {config.taps} are not increasing layers of the target's {target.n_layers}")
     if problems:
         raise DraftMismatchError(
