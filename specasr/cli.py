@@ -8,12 +8,20 @@ from pathlib import Path
 from tqdm import tqdm
 
 from specasr.audio import AudioError, load_audio
+from specasr.bench import benchmark, summary
 from specasr.dataset import DEFAULT_SPEECH_DIR, load_manifest
-from specasr.decode import transcribe
-from specasr.metrics import word_error_rate
-from specasr.targets import BUILTIN_TARGETS, DTYPES, TargetUnavailableError, load_target
+from specasr.decode import WINDOWS, SpeculativeConfig, speculative_transcribe, transcribe
+from specasr.draft import Draft, DraftMismatchError, load_draft, random_draft
+from specasr.metrics import acceptance, word_error_rate
+from specasr.targets import BUILTIN_TARGETS, DTYPES, TargetUnavailableError, WhisperTarget, load_target
+from specasr.trace import Trace
 
-USER_ERRORS = (AudioError, TargetUnavailableError, FileNotFoundError)
+
+class UsageError(ValueError):
+    """A command-line value that cannot be used as given."""
+
+
+USER_ERRORS = (AudioError, TargetUnavailableError, DraftMismatchError, FileNotFoundError, UsageError)
 
 
 def _add_target_options(parser: argparse.ArgumentParser) -> None:
@@ -58,6 +66,115 @@ def cmd_eval(args: argparse.Namespace) -> None:
     )
 
 
+def _add_speculative_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--draft", default="random", help="checkpoint folder, random, or random-no-audio")
+    parser.add_argument("--k", type=int, default=4, help="most draft proposals per round")
+    parser.add_argument("--window", default="unrestricted", choices=WINDOWS)
+    parser.add_argument("--half-width-ms", type=float, default=400.0)
+    parser.add_argument("--runtime-layer", type=int, default=None, help="target decoder layer (0-based) for runtime")
+    parser.add_argument("--threshold", type=float, default=0.0, help="stop proposing below this draft confidence")
+
+
+def _draft(name: str, target: WhisperTarget) -> Draft:
+    if name in ("random", "random-no-audio"):
+        return random_draft(target, audio=name == "random")
+    return load_draft(Path(name), target)
+
+
+def _speculative_config(args: argparse.Namespace) -> SpeculativeConfig:
+    try:
+        return SpeculativeConfig(
+            k=args.k,
+            window=args.window,
+            half_width_ms=args.half_width_ms,
+            runtime_layer=args.runtime_layer,
+            threshold=args.threshold,
+        )
+    except ValueError as error:
+        raise UsageError(str(error)) from error
+
+
+def _reference(path: str | None) -> list[int | None] | None:
+    if path is None:
+        return None
+    try:
+        frames = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise UsageError(f"cannot read reference frames from {path}: {error}") from error
+    if not isinstance(frames, list) or not all(f is None or isinstance(f, int) for f in frames):
+        raise UsageError(f"{path} must hold a JSON list of frame numbers (or null), one per transcript token")
+    return frames
+
+
+def _round_records(trace: Trace) -> list[dict]:
+    records = []
+    for r in trace.rounds:
+        steps = [s for s in trace.steps if s.round == r.index]
+        verified = [v for v in trace.verified if r.start <= v.position <= r.start + r.accepted]
+        records.append(
+            {
+                "proposed": r.proposed,
+                "accepted": r.accepted,
+                "target_token": r.target_token,
+                "draft_peaks": [s.draft_peak for s in steps],
+                "window_centres": [s.window_centre for s in steps],
+                "verify_peaks": [v.verify_peaks for v in verified],
+                "draft_seconds": r.draft_seconds,
+                "verify_seconds": r.verify_seconds,
+            }
+        )
+    return records
+
+
+def cmd_decode(args: argparse.Namespace) -> None:
+    audio = load_audio(args.audio)
+    config, reference = _speculative_config(args), _reference(args.reference)
+    target = load_target(args.target, args.device, args.dtype)
+    try:
+        trace = speculative_transcribe(
+            target, _draft(args.draft, target), audio, config, Path(args.audio).stem, reference
+        )
+    except ValueError as error:  # a window that needs reference frames, a runtime layer out of range
+        raise UsageError(str(error)) from error
+    if not args.json:
+        print(trace.text)
+        return
+    accepted = acceptance([trace]) if trace.rounds else None
+    record = {
+        "text": trace.text,
+        "tokens": trace.tokens,
+        "target": trace.target,
+        "draft": trace.draft,
+        "k": trace.k,
+        "window": trace.window,
+        "device": trace.device,
+        "dtype": trace.dtype,
+        "rounds": _round_records(trace),
+        "metrics": {
+            "a1": accepted and accepted.a1,
+            "a2c": accepted and accepted.a2c,
+            "s": accepted and accepted.s,
+            "L": accepted and accepted.L,
+            "tokens_per_round": accepted and accepted.tokens_per_round,
+        },
+        "timings": trace.timings.as_dict(),
+    }
+    print(json.dumps(record))
+
+
+def cmd_bench(args: argparse.Namespace) -> None:
+    utterances = load_manifest(args.speech_dir)[: args.clips]
+    config = _speculative_config(args)
+    target = load_target(args.target, args.device, args.dtype)
+    draft = _draft(args.draft, target)
+    clips = [(u.id, load_audio(u.path)) for u in utterances]
+    table, traces = benchmark(target, draft, clips, config, args.repeats)
+    print(table.to_string(index=False, float_format="%.4f"))
+    print(f"\n{target.name} + {draft.name}, K={config.k}, window={config.window}, {args.device} {args.dtype}")
+    for key, value in summary(table, traces).items():
+        print(f"{key:>24}: {value:.3f}" if isinstance(value, float) else f"{key:>24}: {value}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m specasr", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -73,6 +190,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=None, help="only the first N utterances")
     _add_target_options(p)
     p.set_defaults(run=cmd_eval)
+
+    p = commands.add_parser("decode", help="speculative transcript of one clip, with its trace")
+    p.add_argument("audio")
+    _add_target_options(p)
+    _add_speculative_options(p)
+    p.add_argument("--reference", default=None, help="JSON list of reference frames, one per transcript token")
+    p.add_argument("--json", action="store_true", help="print one JSON object with rounds, metrics and timings")
+    p.set_defaults(run=cmd_decode)
+
+    p = commands.add_parser("bench", help="time greedy vs speculative decoding on the same clips")
+    p.add_argument("--speech-dir", type=Path, default=DEFAULT_SPEECH_DIR)
+    p.add_argument("--clips", type=int, default=20, help="the first N clips of the manifest")
+    p.add_argument("--repeats", type=int, default=5)
+    _add_target_options(p)
+    _add_speculative_options(p)
+    p.set_defaults(run=cmd_bench)
     return parser
 
 

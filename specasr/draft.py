@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
@@ -171,7 +172,7 @@ class Draft(nn.Module):
         if self.config.audio:
             frames = cache.audio_keys.shape[2]
             if window is None:
-                window = torch.arange(frames, device=x.device) < cache.valid_frames
+                window = (torch.arange(frames, device=x.device) < cache.valid_frames)[None, None]
             q = self._heads(self.audio_q(self.audio_norm(x)))
             scores = (q @ cache.audio_keys.transpose(-1, -2)) * self.head_dim**-0.5
             weights = scores.masked_fill(~window.unsqueeze(1), float("-inf")).softmax(dim=-1)
@@ -228,7 +229,11 @@ def load_draft(path: Path, target: WhisperTarget) -> Draft:
     check_fits(config, target)
     draft = Draft(config)
     try:
-        draft.load_state_dict(load_file(weights_file))
+        weights = load_file(weights_file)
+    except SafetensorError as error:
+        raise DraftMismatchError(f"cannot read {weights_file}: {error}") from error
+    try:
+        draft.load_state_dict(weights)
     except RuntimeError as error:
         raise DraftMismatchError(f"{weights_file} does not match its config: {error}") from error
     return draft.attach(target).eval().requires_grad_(False)

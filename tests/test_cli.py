@@ -33,3 +33,38 @@ def test_user_mistakes_exit_non_zero_without_traceback(tmp_path):
 def test_unknown_target_is_a_user_error(capsys, sample_clips):
     assert main(["transcribe", str(sample_clips[0].path), "--target", "whisper-huge"]) == 2
     assert "unknown target" in capsys.readouterr().err
+
+
+def test_decode_json_has_rounds_metrics_and_timings(capsys, sample_clips):
+    assert main(["decode", str(sample_clips[0].path), "--draft", "random", "--k", "3", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    greedy_main = main(["transcribe", str(sample_clips[0].path), "--json"])
+    greedy = json.loads(capsys.readouterr().out)
+    assert greedy_main == 0 and record["tokens"] == greedy["tokens"] and record["text"] == greedy["text"]
+    assert {"proposed", "accepted", "draft_peaks", "verify_peaks"} <= set(record["rounds"][0])
+    assert all(1 <= len(r["proposed"]) <= 3 and len(r["draft_peaks"]) == len(r["proposed"]) for r in record["rounds"])
+    assert {"a1", "a2c", "s", "L", "tokens_per_round"} <= set(record["metrics"])
+    assert record["metrics"]["s"][0] == 1.0 and len(record["metrics"]["s"]) == 4
+    assert {"features", "encoder", "draft", "verify", "total"} <= set(record["timings"])
+
+
+def test_decode_reference_file_errors_are_user_errors(capsys, sample_clips, tmp_path):
+    clip = str(sample_clips[0].path)
+    assert main(["decode", clip, "--window", "correct"]) == 2
+    assert "needs reference frames" in capsys.readouterr().err
+    bad = tmp_path / "frames.json"
+    bad.write_text('{"frames": 3}')
+    assert main(["decode", clip, "--window", "correct", "--reference", str(bad)]) == 2
+    assert "JSON list of frame numbers" in capsys.readouterr().err
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps([3 * i for i in range(40)]))
+    assert main(["decode", clip, "--window", "correct", "--reference", str(good)]) == 0
+    assert "cooler judgment" in capsys.readouterr().out
+
+
+def test_bench_prints_a_table_and_summary(capsys, speech):
+    assert main(["bench", "--clips", "1", "--repeats", "1", "--k", "2"]) == 0
+    out = capsys.readouterr().out
+    for column in ("decode_speedup", "total_speedup", "rho", "a1", "a2c", "L", "lossless_clips"):
+        assert column in out
+    assert "lossless_clips: 1" in out

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from specasr.audio import load_audio
 from specasr.decode import WINDOWS, SpeculativeConfig, greedy_tokens, speculative_rounds, speculative_transcribe
 from specasr.draft import Draft, random_draft
+from specasr.trace import Trace
 from tests.conftest import random_whisper_target
 
 
@@ -82,3 +83,12 @@ def test_speculative_equals_greedy_on_real_tiny_en(tiny_en, sample_clips, k):
                 config = SpeculativeConfig(k=k, window=window)
                 trace = speculative_transcribe(tiny_en, draft, audio, config, clip.id, reference)
                 assert trace.tokens == greedy, (clip.id, window, draft.config.audio)
+
+
+def test_trace_tables_round_trip_without_loss(tiny_en, sample_clips):
+    audio = load_audio(sample_clips[1].path)
+    config = SpeculativeConfig(k=3, window="runtime", keep_attention=True)
+    trace = speculative_transcribe(tiny_en, random_draft(tiny_en), audio, config, sample_clips[1].id)
+    assert trace.rounds and trace.steps and trace.verified
+    assert all(s.attention is not None and len(s.attention) == trace.valid_frames for s in trace.steps)
+    assert Trace.from_tables(trace.tables()) == trace

@@ -1,0 +1,95 @@
+import json
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specasr.draft import DraftMismatchError, load_draft, random_draft, save_draft, window_mask
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    valid_frames=st.integers(1, 60),
+    centres=st.lists(st.integers(-1, 59), min_size=1, max_size=8),
+    half_width=st.integers(0, 30),
+)
+def test_window_mask_never_lets_attention_out(valid_frames, centres, half_width):
+    mask = window_mask(valid_frames, 60, torch.tensor(centres), half_width)
+    frame = torch.arange(60)
+    for centre, row in zip(centres, mask, strict=True):
+        assert not row[valid_frames:].any()  # padding is never visible
+        if centre < 0:
+            assert row[:valid_frames].all()
+        else:
+            assert torch.equal(row, (frame < valid_frames) & ((frame - centre).abs() <= half_width))
+
+
+def _draft_inputs(target, steps: int):
+    generator = torch.Generator().manual_seed(0)
+    memory = torch.randn(1, 1500, target.d_model, generator=generator)
+    features = torch.randn(1, steps, 3 * target.d_model, generator=generator)
+    tokens = torch.randint(0, 50000, (1, steps), generator=generator)
+    return memory, features, tokens
+
+
+def test_restricted_draft_attends_only_inside_its_window_and_never_padding(tiny_en):
+    draft = random_draft(tiny_en)
+    memory, features, tokens = _draft_inputs(tiny_en, steps=3)
+    valid_frames, half_width = 200, 20
+    cache = draft.new_cache(memory, valid_frames, capacity=8)
+    centres = torch.tensor([[30, 190, -1]])
+    with torch.no_grad():
+        attention = draft(features, tokens, cache, window_mask(valid_frames, 1500, centres, half_width)).attention[0]
+    assert torch.allclose(attention.sum(-1), torch.ones(3))
+    assert attention[0, 10:51].sum().item() == pytest.approx(1.0) and attention[0, 51:].sum() == 0
+    assert attention[1, 170:200].sum().item() == pytest.approx(1.0) and attention[1, 200:].sum() == 0
+    assert attention[2, valid_frames:].sum() == 0  # unrestricted still ignores padding
+    with torch.no_grad():
+        unwindowed = draft(features, tokens, draft.new_cache(memory, valid_frames, capacity=8)).attention[0]
+    assert unwindowed[:, valid_frames:].sum() == 0
+
+
+def test_no_audio_draft_differs_only_by_cross_attention(tiny_en):
+    audio, blind = random_draft(tiny_en, audio=True), random_draft(tiny_en, audio=False)
+    extra = set(audio.state_dict()) - set(blind.state_dict())
+    assert set(blind.state_dict()) < set(audio.state_dict())
+    assert all(name.startswith(("audio_norm", "audio_q", "audio_kv", "audio_out")) for name in extra)
+    memory, features, tokens = _draft_inputs(tiny_en, steps=2)
+    assert blind(features, tokens, blind.new_cache(memory, 100, capacity=4)).attention is None
+
+
+def test_draft_round_trips_through_safetensors_and_json(tiny_en, tmp_path):
+    draft = random_draft(tiny_en, seed=3)
+    save_draft(draft, tmp_path / "d", dtype=torch.float32)
+    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == ["config.json", "draft.safetensors"]
+    loaded = load_draft(tmp_path / "d", tiny_en)
+    assert loaded.config == draft.config and loaded.weights_hash() == draft.weights_hash()
+    memory, features, tokens = _draft_inputs(tiny_en, steps=2)
+    a = draft(features, tokens, draft.new_cache(memory, 300, capacity=4))
+    b = loaded(features, tokens, loaded.new_cache(memory, 300, capacity=4))
+    assert torch.equal(a.logits, b.logits)
+    assert "embed_tokens" not in json.dumps(list(loaded.state_dict()))  # the target's weights are not saved
+
+
+def test_draft_for_another_target_fails_clearly(tiny_en, base, tmp_path):
+    save_draft(random_draft(tiny_en), tmp_path / "tiny")
+    with pytest.raises(DraftMismatchError, match="hidden size 384 vs the target's 512"):
+        load_draft(tmp_path / "tiny", base)
+
+
+def test_broken_checkpoints_fail_clearly(tiny_en, tmp_path):
+    with pytest.raises(FileNotFoundError, match="not a draft checkpoint"):
+        load_draft(tmp_path, tiny_en)
+    save_draft(random_draft(tiny_en), tmp_path / "d")
+    (tmp_path / "d" / "config.json").write_text("{not json")
+    with pytest.raises(DraftMismatchError, match="not a valid draft config"):
+        load_draft(tmp_path / "d", tiny_en)
+    save_draft(random_draft(tiny_en), tmp_path / "e")
+    save_draft(random_draft(tiny_en, audio=False), tmp_path / "f")
+    (tmp_path / "f" / "draft.safetensors").replace(tmp_path / "e" / "draft.safetensors")
+    with pytest.raises(DraftMismatchError, match="does not match its config"):
+        load_draft(tmp_path / "e", tiny_en)
+    (tmp_path / "e" / "draft.safetensors").write_bytes(b"garbage")
+    with pytest.raises(DraftMismatchError, match="cannot read"):
+        load_draft(tmp_path / "e", tiny_en)
