@@ -5,7 +5,6 @@ import itertools
 import os
 from typing import BinaryIO
 
-import av
 import numpy as np
 import soundfile as sf
 import soxr
@@ -82,6 +81,8 @@ def _decode_soundfile(data: str | bytes, name: str, max_seconds: float) -> tuple
 
 
 def _decode_av(data: str | bytes, name: str, max_seconds: float) -> tuple[np.ndarray, int] | None:
+    import av  # FFmpeg is the fallback decoder; loading it costs start-up time most clips never need
+
     chunks, count = [], 0
     try:
         with av.open(data if isinstance(data, str) else io.BytesIO(data)) as container:

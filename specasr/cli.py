@@ -163,7 +163,8 @@ def cmd_decode(args: argparse.Namespace) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
-    utterances = load_manifest(args.speech_dir)[: args.clips]
+    everything = load_manifest(args.speech_dir)
+    utterances = everything[:: max(1, len(everything) // args.clips)][: args.clips]  # spread over the sources
     config = _speculative_config(args)
     target = load_target(args.target, args.device, args.dtype)
     draft = _draft(args.draft, target)
@@ -201,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = commands.add_parser("bench", help="time greedy vs speculative decoding on the same clips")
     p.add_argument("--speech-dir", type=Path, default=DEFAULT_SPEECH_DIR)
-    p.add_argument("--clips", type=int, default=20, help="the first N clips of the manifest")
+    p.add_argument("--clips", type=int, default=20, help="N clips spread evenly over the manifest")
     p.add_argument("--repeats", type=int, default=5)
     _add_target_options(p)
     _add_speculative_options(p)
