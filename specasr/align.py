@@ -13,10 +13,15 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 from pocketsphinx import Decoder
+
+from specasr.targets.whisper import FRAME_SECONDS
+
+if TYPE_CHECKING:
+    from specasr.targets import WhisperTarget
 
 SAMPLE_RATE = 16000
 
@@ -278,7 +283,7 @@ class MMSAligner:
             raise AlignerUnavailableError(
                 "the MMS aligner needs torchaudio: `pip install torchaudio` together with a CUDA build of torch "
                 "(the PyPI torchaudio wheel does not load on CPU-only torch), plus the MMS_FA weights in torch "
-                "hub's cache. The offline default is get_aligner('pocketsphinx')."
+                "hub's cache. The offline default aligner is pocketsphinx."
             )
         try:
             import torch
@@ -329,14 +334,14 @@ class MMSAligner:
         return result
 
 
-_ALIGNERS: dict[str, Callable[[], Aligner]] = {"pocketsphinx": PocketSphinxAligner, "mms": MMSAligner}
+ALIGNERS: dict[str, Callable[[], Aligner]] = {"pocketsphinx": PocketSphinxAligner, "mms": MMSAligner}
 
 
 def get_aligner(name: str = "pocketsphinx") -> Aligner:
     """The aligner called `name`: "pocketsphinx" (offline default) or "mms" (needs torchaudio and its weights)."""
-    if name not in _ALIGNERS:
-        raise ValueError(f"unknown aligner {name!r}; choose from {', '.join(_ALIGNERS)}")
-    return _ALIGNERS[name]()
+    if name not in ALIGNERS:
+        raise ValueError(f"unknown aligner {name!r}; choose from {', '.join(ALIGNERS)}")
+    return ALIGNERS[name]()
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -374,6 +379,30 @@ def char_times_from_words(text: str, words: list[WordTime]) -> list[float | None
         else:
             times += [None] * len(characters)
     return times
+
+
+@dataclass
+class TokenAlignment:
+    """Word times from an aligner and the reference frame of every transcript token (None: no valid time)."""
+
+    text: str
+    words: list[WordTime]
+    frames: list[int | None]
+
+
+def align_tokens(aligner: Aligner, target: "WhisperTarget", audio: np.ndarray, tokens: list[int]) -> TokenAlignment:
+    """Force-align a target's transcript tokens to the audio and map them onto its encoder frames."""
+    text = target.decode_text(tokens)
+    words = aligner.align(audio, text)
+    frames = token_frames(
+        tokens,
+        target.tokenizer.decode,
+        char_times_from_words(text, words),
+        set(target.special_ids),
+        valid_frames=target.valid_frames(len(audio)),
+        frame_seconds=FRAME_SECONDS,
+    )
+    return TokenAlignment(text, words, frames)
 
 
 def _frame(seconds: float, frame_seconds: float, valid_frames: int) -> int:

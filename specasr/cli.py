@@ -7,13 +7,14 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from specasr.align import ALIGNERS, AlignerUnavailableError, AlignmentError, align_tokens, get_aligner
 from specasr.audio import AudioError, load_audio
 from specasr.bench import benchmark, summary
 from specasr.dataset import DEFAULT_SPEECH_DIR, load_manifest
-from specasr.decode import WINDOWS, SpeculativeConfig, speculative_transcribe, transcribe
+from specasr.decode import WINDOWS, SpeculativeConfig, greedy_tokens, speculative_transcribe, transcribe
 from specasr.draft import Draft, DraftMismatchError, load_draft, random_draft
-from specasr.metrics import acceptance, word_error_rate
-from specasr.targets import BUILTIN_TARGETS, DTYPES, TargetUnavailableError, WhisperTarget, load_target
+from specasr.metrics import acceptance, anchor_error_by_depth, word_error_rate
+from specasr.targets import BUILTIN_TARGETS, DTYPES, FRAME_SECONDS, TargetUnavailableError, WhisperTarget, load_target
 from specasr.trace import Trace
 
 
@@ -21,7 +22,15 @@ class UsageError(ValueError):
     """A command-line value that cannot be used as given."""
 
 
-USER_ERRORS = (AudioError, TargetUnavailableError, DraftMismatchError, FileNotFoundError, UsageError)
+USER_ERRORS = (
+    AudioError,
+    TargetUnavailableError,
+    DraftMismatchError,
+    AlignmentError,
+    AlignerUnavailableError,
+    FileNotFoundError,
+    UsageError,
+)
 
 
 def _add_target_options(parser: argparse.ArgumentParser) -> None:
@@ -94,9 +103,13 @@ def _speculative_config(args: argparse.Namespace) -> SpeculativeConfig:
         raise UsageError(str(error)) from error
 
 
-def _reference(path: str | None) -> list[int | None] | None:
+def _reference(path: str | None, target: WhisperTarget, audio) -> list[int | None] | None:
+    """Reference frames from a JSON file, or with `auto` from force-aligning the target's greedy transcript."""
     if path is None:
         return None
+    if path == "auto":
+        tokens = greedy_tokens(target, target.encode(target.features(audio)))
+        return align_tokens(get_aligner(), target, audio, tokens).frames
     try:
         frames = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as error:
@@ -128,8 +141,9 @@ def _round_records(trace: Trace) -> list[dict]:
 
 def cmd_decode(args: argparse.Namespace) -> None:
     audio = load_audio(args.audio)
-    config, reference = _speculative_config(args), _reference(args.reference)
+    config = _speculative_config(args)
     target = load_target(args.target, args.device, args.dtype)
+    reference = _reference(args.reference, target, audio)
     try:
         trace = speculative_transcribe(
             target, _draft(args.draft, target), audio, config, Path(args.audio).stem, reference
@@ -156,10 +170,41 @@ def cmd_decode(args: argparse.Namespace) -> None:
             "s": accepted and accepted.s,
             "L": accepted and accepted.L,
             "tokens_per_round": accepted and accepted.tokens_per_round,
+            "anchor_error_by_depth": anchor_error_by_depth([trace]).to_dict("records") if reference else None,
         },
         "timings": trace.timings.as_dict(),
     }
     print(json.dumps(record))
+
+
+def cmd_align(args: argparse.Namespace) -> None:
+    audio = load_audio(args.audio)
+    aligner = get_aligner(args.aligner)
+    target = load_target(args.target, args.device, args.dtype)
+    if args.text is not None:
+        tokens = target.tokenizer.encode(" " + args.text.strip(), add_special_tokens=False)
+    else:
+        tokens = greedy_tokens(target, target.encode(target.features(audio)))
+    alignment = align_tokens(aligner, target, audio, tokens)
+    pieces = [target.tokenizer.decode([t]) for t in tokens]
+    if args.json:
+        record = {
+            "text": alignment.text,
+            "target": target.name,
+            "aligner": aligner.name,
+            "words": [w.__dict__ for w in alignment.words],
+            "tokens": tokens,
+            "frames": alignment.frames,
+            "frame_seconds": FRAME_SECONDS,
+        }
+        print(json.dumps(record))
+        return
+    print(alignment.text)
+    for word in alignment.words:
+        span = f"{word.start:7.2f} {word.end:7.2f}" if word.aligned else "  (not aligned)"
+        print(f"  {span}  {word.word}")
+    for token, piece, frame in zip(tokens, pieces, alignment.frames, strict=True):
+        print(f"  token {token:>6} {piece!r:>16}  frame {frame if frame is not None else '-'}")
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
@@ -196,9 +241,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("audio")
     _add_target_options(p)
     _add_speculative_options(p)
-    p.add_argument("--reference", default=None, help="JSON list of reference frames, one per transcript token")
+    p.add_argument(
+        "--reference",
+        default=None,
+        help="JSON list of reference frames, one per transcript token, or auto (align the greedy transcript)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object with rounds, metrics and timings")
     p.set_defaults(run=cmd_decode)
+
+    p = commands.add_parser("align", help="reference frame of every transcript token, by forced alignment")
+    p.add_argument("audio")
+    p.add_argument("--text", default=None, help="the transcript to align (default: the target's greedy transcript)")
+    p.add_argument("--aligner", default="pocketsphinx", choices=list(ALIGNERS))
+    _add_target_options(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=cmd_align)
 
     p = commands.add_parser("bench", help="time greedy vs speculative decoding on the same clips")
     p.add_argument("--speech-dir", type=Path, default=DEFAULT_SPEECH_DIR)

@@ -1,10 +1,12 @@
-"""Evaluation speech with reference transcripts, read in place from a manifest.tsv."""
+"""Speech clips listed in a manifest.tsv (id, path, duration_s, speaker[, text]), read in place."""
 
 import csv
 from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT_SPEECH_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "speech"
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+DEFAULT_SPEECH_DIR = SHARED_DATA / "speech"  # evaluation only: never trained or tuned on
+TRAIN_SPEECH_DIR = SHARED_DATA / "train-speech"  # untranscribed, for training and tuning
 
 
 @dataclass(frozen=True)
@@ -13,7 +15,7 @@ class Utterance:
     path: Path
     duration: float
     speaker: str
-    text: str
+    text: str  # the reference transcript; empty for untranscribed speech
 
 
 def load_manifest(speech_dir: Path = DEFAULT_SPEECH_DIR) -> list[Utterance]:
@@ -28,7 +30,7 @@ def load_manifest(speech_dir: Path = DEFAULT_SPEECH_DIR) -> list[Utterance]:
                 path=manifest.parent / row["path"],
                 duration=float(row["duration_s"]),
                 speaker=row["speaker"],
-                text=row["text"],
+                text=row.get("text", ""),
             )
             for row in csv.DictReader(f, delimiter="\t")
         ]

@@ -187,10 +187,9 @@ class _SpeculativeLoop:
         """Verify rows 0..rows-1 predicted the tokens `new`; keep where each layer looked."""
         if cross_attention is None:
             return
-        peaks = cross_attention[:, 0, :rows].argmax(dim=-1).T.tolist()  # (rows, layers)
+        peaks = cross_attention[:, 0, :rows, : self.policy.valid_frames].argmax(dim=-1).T.tolist()  # (rows, layers)
         if self.config.window == "runtime":
-            layer = self.attention_layers.index(self.runtime_layer)
-            self.policy.runtime_centre = min(peaks[len(new) - 1][layer], self.policy.valid_frames - 1)
+            self.policy.runtime_centre = peaks[len(new) - 1][self.attention_layers.index(self.runtime_layer)]
         if self.config.verify_peaks:
             start = len(self.tokens)
             self.verified += [VerifiedToken(start + i, t, peaks[i]) for i, t in enumerate(new) if t != self.target.eot]
@@ -228,7 +227,7 @@ class _SpeculativeLoop:
             out = draft(features, inputs, self.draft_cache, self._mask(step_centres))
             centres.append(step_centres[-1])
             for depth in range(1, k + 1):
-                probs = out.logits[:, -1].softmax(dim=-1)
+                probs = draft.logits(out.hidden[:, -1]).softmax(dim=-1)
                 top, choice = probs.max(dim=-1)
                 token = draft.vocab_to_target(choice)
                 proposed.append(token)

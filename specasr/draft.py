@@ -69,7 +69,7 @@ class DraftCache:
 
 @dataclass
 class DraftOutput:
-    logits: Tensor  # (batch, T, draft vocabulary)
+    hidden: Tensor  # (batch, T, d_model): the output state; `Draft.logits` turns rows of it into token scores
     features: Tensor  # (batch, T, len(taps) * d_model): predicted target features for the next position
     attention: Tensor | None  # (batch, T, frames): audio attention averaged over heads
 
@@ -180,8 +180,11 @@ class Draft(nn.Module):
             attention = weights.mean(dim=1)
 
         x = x + self.ffn(self.ffn_norm(x))
-        h = self.out_norm(x)
-        return DraftOutput(logits=h @ self._frozen["lm_head"].T, features=self.feature_head(x), attention=attention)
+        return DraftOutput(hidden=self.out_norm(x), features=self.feature_head(x), attention=attention)
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """Scores over the draft vocabulary through the target's frozen LM head; only for the rows that need them."""
+        return hidden @ self._frozen["lm_head"].T
 
 
 def check_fits(config: DraftConfig, target: WhisperTarget) -> None:

@@ -203,3 +203,53 @@ def _difference(metric: Callable[[list[Trace]], float], arm_a: list[Trace], arm_
     if a is None or b is None or math.isnan(a) or math.isnan(b):
         raise ValueError(f"metric is undefined on this sample ({a} and {b})")
     return float(b - a)
+
+
+@dataclass
+class PeakAgreement:
+    """How well one target layer's verification attention peaks follow reference frames (paper Table 7)."""
+
+    layer: int
+    tokens: int
+    pooled_r: float  # Pearson r over all tokens of all utterances
+    within_r: float  # mean Pearson r inside each utterance (utterances with at least 3 tokens)
+    shuffled_r: float  # mean within-utterance r after shuffling the reference frames: the floor
+    median_error_ms: float
+    inside_window: float  # fraction of peaks within the window half-width of the reference frame
+
+
+def peak_agreement(
+    peaks: list[list[list[int]]],
+    frames: list[list[int | None]],
+    layer: int,
+    half_width: int,
+    frame_ms: float = 20.0,
+    seed: int = 0,
+) -> PeakAgreement:
+    """peaks[u][i][layer]: verification peak for token i of utterance u; frames[u][i]: its reference frame."""
+    rng = np.random.default_rng(seed)
+    pairs = [
+        np.array([(p[layer], f) for p, f in zip(utterance_peaks, utterance_frames, strict=True) if f is not None])
+        for utterance_peaks, utterance_frames in zip(peaks, frames, strict=True)
+    ]
+    pairs = [p for p in pairs if len(p)]
+    if not pairs:
+        raise ValueError("no tokens with both a peak and a reference frame")
+    pooled = np.concatenate(pairs)
+    usable = [p for p in pairs if len(p) >= 3 and p[:, 0].std() > 0 and p[:, 1].std() > 0]
+    errors = np.abs(pooled[:, 0] - pooled[:, 1])
+    return PeakAgreement(
+        layer=layer,
+        tokens=len(pooled),
+        pooled_r=float(np.corrcoef(pooled.T)[0, 1]),
+        within_r=float(np.mean([np.corrcoef(p.T)[0, 1] for p in usable])),
+        shuffled_r=float(np.mean([np.corrcoef(p[:, 0], rng.permutation(p[:, 1]))[0, 1] for p in usable])),
+        median_error_ms=float(np.median(errors) * frame_ms),
+        inside_window=float(np.mean(errors <= half_width)),
+    )
+
+
+def choose_runtime_layer(agreements: list[PeakAgreement], tolerance: float = 0.02) -> int:
+    """Paper D.2: the earliest layer whose peaks fall inside the window within `tolerance` of the best layer."""
+    best = max(a.inside_window for a in agreements)
+    return min(a.layer for a in agreements if a.inside_window >= best - tolerance)

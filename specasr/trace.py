@@ -56,7 +56,8 @@ class DraftStep:
 
 @dataclass
 class VerifiedToken:
-    """A transcript token and where the target looked while predicting it, per decoder layer."""
+    """A transcript token and the audio frame (padding excluded) the target attended most while predicting it,
+    per decoder layer, head-averaged."""
 
     position: int  # index in the transcript
     token: int

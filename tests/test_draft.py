@@ -68,7 +68,7 @@ def test_draft_round_trips_through_safetensors_and_json(tiny_en, tmp_path):
     memory, features, tokens = _draft_inputs(tiny_en, steps=2)
     a = draft(features, tokens, draft.new_cache(memory, 300, capacity=4))
     b = loaded(features, tokens, loaded.new_cache(memory, 300, capacity=4))
-    assert torch.equal(a.logits, b.logits)
+    assert torch.equal(draft.logits(a.hidden), loaded.logits(b.hidden))
     assert "embed_tokens" not in json.dumps(list(loaded.state_dict()))  # the target's weights are not saved
 
 

@@ -187,6 +187,19 @@ class WhisperTarget:
             cross_attention=torch.stack(attention_rows) if attention_layers else None,
         )
 
+    @torch.inference_mode()
+    def attention_peaks(self, memory: Tensor, tokens: list[int], valid_frames: int) -> list[list[int]]:
+        """For each transcript token, the audio frame where each layer's head-averaged cross-attention peaked
+        while the target predicted it (one teacher-forced pass, as verification sees it; padding excluded)."""
+        if not tokens:
+            return []
+        inputs = [*self.prompt, *tokens[:-1]]
+        cache = self.new_cache(memory, capacity=len(inputs))
+        out = self.forward(
+            torch.tensor([inputs], device=memory.device), cache, attention_layers=tuple(range(self.n_layers))
+        )
+        return out.cross_attention[:, 0, len(self.prompt) - 1 :, :valid_frames].argmax(dim=-1).T.tolist()
+
     def greedy_tokens(self, logits: Tensor, first_index: int) -> Tensor:
         """Whisper's greedy choice for each row of logits (batch, T, vocab).
 

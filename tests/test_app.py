@@ -1,0 +1,24 @@
+from pathlib import Path
+
+from streamlit.testing.v1 import AppTest
+
+APP = str(Path(__file__).resolve().parents[1] / "app.py")
+
+
+def _upload(name: str, content: bytes) -> AppTest:
+    app = AppTest.from_file(APP, default_timeout=120).run()
+    app.file_uploader[0].upload(name, content).run()
+    return app
+
+
+def test_dashboard_transcribes_an_uploaded_clip(sample_clips):
+    app = _upload("clip.wav", sample_clips[0].path.read_bytes())
+    assert not app.exception and not app.error
+    assert "cooler judgment" in " ".join(m.value for m in app.markdown)
+    assert [m.label for m in app.metric] == ["Tokens", "Decode ms per token"]
+
+
+def test_dashboard_reports_bad_audio_without_crashing():
+    app = _upload("notes.wav", b"plain text, not audio")
+    assert not app.exception
+    assert "cannot decode notes.wav" in app.error[0].value
