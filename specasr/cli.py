@@ -131,6 +131,7 @@ def _round_records(trace: Trace) -> list[dict]:
                 "target_token": r.target_token,
                 "draft_peaks": [s.draft_peak for s in steps],
                 "window_centres": [s.window_centre for s in steps],
+                "reference_frames": [s.reference_frame for s in steps],
                 "verify_peaks": [v.verify_peaks for v in verified],
                 "draft_seconds": r.draft_seconds,
                 "verify_seconds": r.verify_seconds,

@@ -241,12 +241,21 @@ def peak_agreement(
     return PeakAgreement(
         layer=layer,
         tokens=len(pooled),
-        pooled_r=float(np.corrcoef(pooled.T)[0, 1]),
-        within_r=float(np.mean([np.corrcoef(p.T)[0, 1] for p in usable])),
-        shuffled_r=float(np.mean([np.corrcoef(p[:, 0], rng.permutation(p[:, 1]))[0, 1] for p in usable])),
+        pooled_r=_pearson(pooled[:, 0], pooled[:, 1]),
+        within_r=_mean([_pearson(p[:, 0], p[:, 1]) for p in usable]),
+        shuffled_r=_mean([_pearson(p[:, 0], rng.permutation(p[:, 1])) for p in usable]),
         median_error_ms=float(np.median(errors) * frame_ms),
         inside_window=float(np.mean(errors <= half_width)),
     )
+
+
+def _pearson(x: np.ndarray, y: np.ndarray) -> float:
+    """Pearson r; NaN where either side is constant (a flat peak track has no correlation to report)."""
+    return float(np.corrcoef(x, y)[0, 1]) if x.std() > 0 and y.std() > 0 else math.nan
+
+
+def _mean(values: list[float]) -> float:
+    return float(np.mean(values)) if values else math.nan
 
 
 def choose_runtime_layer(agreements: list[PeakAgreement], tolerance: float = 0.02) -> int:

@@ -68,3 +68,30 @@ def test_bench_prints_a_table_and_summary(capsys, speech):
     for column in ("decode_speedup", "total_speedup", "rho", "a1", "a2c", "L", "lossless_clips"):
         assert column in out
     assert "lossless_clips: 1" in out
+
+
+def test_align_prints_word_times_and_one_frame_per_token(capsys, sample_clips):
+    clip = str(sample_clips[0].path)
+    assert main(["align", clip, "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert len(record["frames"]) == len(record["tokens"]) and record["frame_seconds"] == 0.02
+    assert all(w["aligned"] for w in record["words"])
+    frames = [f for f in record["frames"] if f is not None]
+    assert frames == sorted(frames) and frames[0] >= 0 and frames[-1] < 3.4 / 0.02
+    assert main(["align", clip, "--text", "I was about to do this"]) == 0
+    assert "this" in capsys.readouterr().out
+
+
+def test_align_with_an_unavailable_aligner_is_a_user_error(capsys, sample_clips):
+    assert main(["align", str(sample_clips[0].path), "--aligner", "mms"]) == 2
+    assert "torchaudio" in capsys.readouterr().err
+
+
+def test_decode_with_automatic_reference_reports_anchor_error(capsys, sample_clips):
+    assert main(["decode", str(sample_clips[0].path), "--window", "correct", "--reference", "auto", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    depths = record["metrics"]["anchor_error_by_depth"]
+    assert [d["depth"] for d in depths] == [1, 2, 3, 4] and all(d["n"] > 0 for d in depths)
+    steps = [(c, f) for r in record["rounds"] for c, f in zip(r["window_centres"], r["reference_frames"], strict=True)]
+    assert all(centre == frame for centre, frame in steps if frame is not None)  # the correct window is centred
+    assert sum(frame is not None for _, frame in steps) > len(steps) / 2

@@ -189,3 +189,21 @@ def test_paired_bootstrap_skips_undefined_draws_unless_most_are():
     five = [make_trace(f"u{i}", [0]) for i in range(5)]
     with pytest.raises(ValueError, match="undefined in"):
         paired_bootstrap(five, five, distinct_only, draws=400)
+
+
+def test_peak_agreement_and_the_runtime_layer_rule():
+    from specasr.metrics import choose_runtime_layer, peak_agreement
+
+    frames = [[10, 20, 30, None, 40], [5, 15, 25]]
+    # layer 0 follows the frames closely, layer 1 is offset by 30 frames, layer 2 is flat
+    peaks = [[[f or 0, (f or 0) + 30, 7] for f in utterance] for utterance in frames]
+    exact, offset, flat = (peak_agreement(peaks, frames, layer, half_width=20) for layer in range(3))
+    assert exact.tokens == 7 and exact.pooled_r == pytest.approx(1.0) and exact.within_r == pytest.approx(1.0)
+    assert exact.median_error_ms == 0 and exact.inside_window == 1.0
+    assert offset.within_r == pytest.approx(1.0) and offset.median_error_ms == 600 and offset.inside_window == 0.0
+    assert flat.tokens == 7 and flat.inside_window == pytest.approx(5 / 7)
+    assert math.isnan(flat.pooled_r) and math.isnan(flat.within_r)  # a constant track has no correlation
+    assert choose_runtime_layer([exact, offset, flat]) == 0
+    nearly = peak_agreement(peaks, frames, 0, half_width=20)
+    nearly.layer, nearly.inside_window = 3, 0.99
+    assert choose_runtime_layer([offset, nearly, exact]) == 0  # earliest within 0.02 of the best

@@ -92,3 +92,12 @@ def test_trace_tables_round_trip_without_loss(tiny_en, sample_clips):
     assert trace.rounds and trace.steps and trace.verified
     assert all(s.attention is not None and len(s.attention) == trace.valid_frames for s in trace.steps)
     assert Trace.from_tables(trace.tables()) == trace
+
+
+def test_verification_peaks_match_a_teacher_forced_pass(tiny_en, sample_clips):
+    audio = load_audio(sample_clips[2].path)
+    trace = speculative_transcribe(tiny_en, random_draft(tiny_en), audio, SpeculativeConfig(k=2), sample_clips[2].id)
+    memory = tiny_en.encode(tiny_en.features(audio))
+    forced = tiny_en.attention_peaks(memory, trace.tokens, trace.valid_frames)
+    assert [v.verify_peaks for v in trace.verified] == forced
+    assert all(0 <= p < trace.valid_frames for row in forced for p in row)
