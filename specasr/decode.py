@@ -111,7 +111,7 @@ class WindowPolicy:
     def _clip(self, frame: float) -> int:
         return int(min(max(round(frame), 0), self.valid_frames - 1))
 
-    def _reference(self, i: int) -> int | None:
+    def reference_frame(self, i: int) -> int | None:
         return self.reference[i] if 0 <= i < len(self.reference) else None
 
     def centre(self, i: int, verified: int) -> int:
@@ -124,7 +124,7 @@ class WindowPolicy:
             return self.runtime_centre
         if self.kind == "pointer":
             return self._pointer(i, verified)
-        frame = self._reference(i)
+        frame = self.reference_frame(i)
         if frame is None:
             return -1
         shift = SHIFT_SECONDS / FRAME_SECONDS if self.kind == "shift" else 0
@@ -183,11 +183,12 @@ class _SpeculativeLoop:
             block, self.target_cache, taps=self.draft.config.taps, attention_layers=self.attention_layers
         )
 
-    def _record_verified(self, cross_attention: Tensor | None, rows: int, new: list[int]) -> None:
-        """Verify rows 0..rows-1 predicted the tokens `new`; keep where each layer looked."""
+    def _record_verified(self, cross_attention: Tensor | None, first_row: int, new: list[int]) -> None:
+        """Rows first_row.. of a verification pass predicted the tokens `new`; keep where each layer looked."""
         if cross_attention is None:
             return
-        peaks = cross_attention[:, 0, :rows, : self.policy.valid_frames].argmax(dim=-1).T.tolist()  # (rows, layers)
+        rows = cross_attention[:, 0, first_row : first_row + len(new), : self.policy.valid_frames]
+        peaks = rows.argmax(dim=-1).T.tolist()  # (tokens, layers)
         if self.config.window == "runtime":
             self.policy.runtime_centre = peaks[len(new) - 1][self.attention_layers.index(self.runtime_layer)]
         if self.config.verify_peaks:
@@ -198,7 +199,7 @@ class _SpeculativeLoop:
         target, prompt = self.target, self.target.prompt
         out = self._verify(torch.tensor([prompt], device=self.device))
         first = target.greedy_tokens(out.logits[:, -1:], 0).item()
-        self._record_verified(None if out.cross_attention is None else out.cross_attention[:, :, -1:], 1, [first])
+        self._record_verified(out.cross_attention, len(prompt) - 1, [first])
         if first == target.eot:
             return self.tokens, self.rounds, self.steps, self.verified
         self.tokens.append(first)
@@ -265,7 +266,7 @@ class _SpeculativeLoop:
             )
         )
         self._record_steps(index, proposed, accepted, rows, centres)
-        self._record_verified(out.cross_attention, len(new), new)
+        self._record_verified(out.cross_attention, 0, new)
 
         finished = new[-1] == target.eot
         self.tokens += new[:-1] if finished else new
@@ -289,7 +290,7 @@ class _SpeculativeLoop:
                     accepted=depth <= accepted,
                     draft_peak=peaks[depth - 1],
                     window_centre=centres[depth - 1] if centres[depth - 1] >= 0 else None,
-                    reference_frame=self.policy._reference(start + depth - 1),
+                    reference_frame=self.policy.reference_frame(start + depth - 1),
                     attention=row,
                 )
             )
