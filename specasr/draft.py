@@ -138,12 +138,14 @@ class Draft(nn.Module):
 
     def new_cache(self, memory: Tensor, valid_frames: int, capacity: int) -> DraftCache:
         """An empty cache for one clip; the audio keys/values are projected once here."""
-        batch, d = memory.shape[0], self.config.d_model
-        shape = (batch, self.config.n_heads, capacity, self.head_dim)
-        audio_keys = audio_values = None
-        if self.config.audio:
-            audio_keys, audio_values = (self._heads(x) for x in self.audio_kv(memory).split(d, dim=-1))
+        shape = (memory.shape[0], self.config.n_heads, capacity, self.head_dim)
+        audio_keys, audio_values = self.audio_memory(memory) if self.config.audio else (None, None)
         return DraftCache(memory.new_zeros(shape), memory.new_zeros(shape), audio_keys, audio_values, valid_frames)
+
+    def audio_memory(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """The encoder output (batch, frames, d_model) projected to audio keys and values, split into heads."""
+        keys, values = self.audio_kv(memory).split(self.config.d_model, dim=-1)
+        return self._heads(keys), self._heads(values)
 
     def _heads(self, x: Tensor) -> Tensor:
         return x.view(x.shape[0], x.shape[1], self.config.n_heads, self.head_dim).transpose(1, 2)
@@ -151,36 +153,60 @@ class Draft(nn.Module):
     def _merge(self, x: Tensor) -> Tensor:
         return x.transpose(1, 2).reshape(x.shape[0], x.shape[2], self.config.d_model)
 
+    def embed(self, features: Tensor, tokens: Tensor, positions: Tensor) -> Tensor:
+        """The block's input from target features (batch, T, F), tokens x_{t+1} (batch, T) and positions t (T,)."""
+        embedded = self._frozen["embedding"][tokens] + self._frozen["positions"][positions]
+        return self.combine(torch.cat([self.fuse(features), embedded], dim=-1))
+
+    def self_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        return tuple(self._heads(p) for p in self.qkv(self.self_norm(x)).split(self.config.d_model, dim=-1))
+
+    def block(
+        self,
+        x: Tensor,
+        q: Tensor,
+        keys: Tensor,
+        values: Tensor,
+        self_mask: Tensor,
+        audio: tuple[Tensor, Tensor] | None,
+        audio_mask: Tensor,
+    ) -> DraftOutput:
+        """The rest of the block once queries and the visible keys/values are known.
+
+        self_mask: (…, T, keys) which keys each step sees; audio_mask: (batch | 1, T | 1, frames) which frames.
+        """
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=self_mask)
+        x = x + self.self_out(self._merge(out))
+        attention = None
+        if self.config.audio:
+            audio_keys, audio_values = audio
+            q = self._heads(self.audio_q(self.audio_norm(x)))
+            scores = (q @ audio_keys.transpose(-1, -2)) * self.head_dim**-0.5
+            weights = scores.masked_fill(~audio_mask.unsqueeze(1), float("-inf")).softmax(dim=-1)
+            x = x + self.audio_out(self._merge(weights @ audio_values))
+            attention = weights.mean(dim=1)
+        x = x + self.ffn(self.ffn_norm(x))
+        return DraftOutput(hidden=self.out_norm(x), features=self.feature_head(x), attention=attention)
+
     def forward(self, features: Tensor, tokens: Tensor, cache: DraftCache, window: Tensor | None = None) -> DraftOutput:
         """Steps at positions cache.length.. for target features (batch, T, F) and tokens x_{t+1} (batch, T).
 
         window: (batch, T, frames) boolean, the frames each step may attend; None allows every valid frame.
         """
         start, end = cache.length, cache.length + tokens.shape[1]
-        embedded = self._frozen["embedding"][tokens] + self._frozen["positions"][start:end]
-        x = self.combine(torch.cat([self.fuse(features), embedded], dim=-1))
-
-        q, k, v = (self._heads(p) for p in self.qkv(self.self_norm(x)).split(self.config.d_model, dim=-1))
+        positions = torch.arange(start, end, device=tokens.device)
+        x = self.embed(features, tokens, positions)
+        q, k, v = self.self_qkv(x)
         cache.keys[:, :, start:end] = k
         cache.values[:, :, start:end] = v
-        causal = torch.arange(end, device=x.device) <= torch.arange(start, end, device=x.device)[:, None]
-        out = F.scaled_dot_product_attention(q, cache.keys[:, :, :end], cache.values[:, :, :end], attn_mask=causal)
-        x = x + self.self_out(self._merge(out))
         cache.length = end
-
-        attention = None
+        causal = torch.arange(end, device=x.device) <= positions[:, None]
+        audio, frames = None, 0
         if self.config.audio:
-            frames = cache.audio_keys.shape[2]
-            if window is None:
-                window = (torch.arange(frames, device=x.device) < cache.valid_frames)[None, None]
-            q = self._heads(self.audio_q(self.audio_norm(x)))
-            scores = (q @ cache.audio_keys.transpose(-1, -2)) * self.head_dim**-0.5
-            weights = scores.masked_fill(~window.unsqueeze(1), float("-inf")).softmax(dim=-1)
-            x = x + self.audio_out(self._merge(weights @ cache.audio_values))
-            attention = weights.mean(dim=1)
-
-        x = x + self.ffn(self.ffn_norm(x))
-        return DraftOutput(hidden=self.out_norm(x), features=self.feature_head(x), attention=attention)
+            audio, frames = (cache.audio_keys, cache.audio_values), cache.audio_keys.shape[2]
+        if window is None:
+            window = (torch.arange(frames, device=x.device) < cache.valid_frames)[None, None]
+        return self.block(x, q, cache.keys[:, :, :end], cache.values[:, :, :end], causal, audio, window)
 
     def logits(self, hidden: Tensor) -> Tensor:
         """Scores over the draft vocabulary through the target's frozen LM head; only for the rows that need them."""
