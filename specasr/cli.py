@@ -10,12 +10,15 @@ from tqdm import tqdm
 from specasr.align import ALIGNERS, AlignerUnavailableError, AlignmentError, align_tokens, get_aligner
 from specasr.audio import AudioError, load_audio
 from specasr.bench import benchmark, summary
+from specasr.cache import cache_dir
 from specasr.dataset import DEFAULT_SPEECH_DIR, load_manifest
 from specasr.decode import WINDOWS, SpeculativeConfig, greedy_tokens, speculative_transcribe, transcribe
 from specasr.draft import Draft, DraftMismatchError, load_draft, random_draft
 from specasr.metrics import acceptance, anchor_error_by_depth, word_error_rate
 from specasr.targets import BUILTIN_TARGETS, DTYPES, FRAME_SECONDS, TargetUnavailableError, WhisperTarget, load_target
 from specasr.trace import Trace
+from specasr.train import VARIANTS, TrainConfig, train
+from specasr.trainset import data_hash, prepare_examples, training_sources
 
 
 class UsageError(ValueError):
@@ -222,6 +225,24 @@ def cmd_bench(args: argparse.Namespace) -> None:
         print(f"{key:>24}: {value:.3f}" if isinstance(value, float) else f"{key:>24}: {value}")
 
 
+def cmd_train(args: argparse.Namespace) -> None:
+    config = TrainConfig(
+        variant=args.variant,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        unroll=args.unroll,
+        draft_vocab=args.draft_vocab,
+        seed=args.seed,
+    )
+    aligner = get_aligner(args.aligner)
+    target = load_target(args.target, args.device, args.dtype)
+    examples = prepare_examples(target, training_sources(args.real, args.synthetic, args.seed), aligner)
+    out = args.out or cache_dir() / "drafts" / target.name / config.variant
+    draft = train(target, examples, config, out, data_hash(examples))
+    print(f"{draft.name} trained on {len(examples)} examples; saved in {out}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m specasr", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -257,6 +278,21 @@ def build_parser() -> argparse.ArgumentParser:
     _add_target_options(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=cmd_align)
+
+    p = commands.add_parser("train", help="train a draft (control, anchordraft or no-audio) for a target")
+    _add_target_options(p)
+    p.add_argument("--variant", default="anchordraft", choices=list(VARIANTS))
+    p.add_argument("--epochs", type=int, default=20)
+    p.add_argument("--batch-size", type=int, default=12)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--unroll", type=int, default=3, help="draft depths trained per position")
+    p.add_argument("--draft-vocab", type=int, default=4096, help="reduced draft vocabulary size; 0 for the full one")
+    p.add_argument("--real", type=int, default=251, help="clips of ../shared/data/train-speech")
+    p.add_argument("--synthetic", type=int, default=400, help="espeak-ng sentences from ../shared/data/text")
+    p.add_argument("--aligner", default="pocketsphinx", choices=list(ALIGNERS))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=None, help="default: cache/drafts/TARGET/VARIANT")
+    p.set_defaults(run=cmd_train)
 
     p = commands.add_parser("bench", help="time greedy vs speculative decoding on the same clips")
     p.add_argument("--speech-dir", type=Path, default=DEFAULT_SPEECH_DIR)

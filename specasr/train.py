@@ -9,13 +9,22 @@ later steps at inference, so continuation is trained and not only the restart.
 """
 
 import math
-from dataclasses import dataclass
+import os
+from collections import Counter
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
 
-from specasr.draft import Draft
+from specasr.cache import atomic_directory
+from specasr.draft import Draft, DraftConfig, load_draft, save_draft
+from specasr.targets import WhisperTarget
+from specasr.trainset import SENTENCES, Example
 
 VARIANTS = {"control": (True, 0.0), "anchordraft": (True, 0.1), "no-audio": (False, 0.0)}  # audio, lambda
 
@@ -122,3 +131,181 @@ def cosine_lr(step: int, total_steps: int, peak: float, warmup: int = 0) -> floa
         return peak * (step + 1) / warmup
     progress = (step - warmup) / max(1, total_steps - warmup)
     return 0.5 * peak * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+@dataclass
+class TrainConfig:
+    variant: str = "anchordraft"  # control | anchordraft | no-audio
+    epochs: int = 20
+    batch_size: int = 12
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    feature_noise: float = 0.6  # Gaussian input noise, in units of each feature's standard deviation
+    feature_weight: float = 0.5
+    sigma: float = 5.0  # frames, for the anchor target
+    unroll: int = 3  # draft depths trained per position
+    draft_vocab: int = 4096  # most frequent target tokens of the training transcripts; 0 keeps the full vocabulary
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.variant not in VARIANTS:
+            raise ValueError(f"unknown variant {self.variant!r}; choose one of {', '.join(VARIANTS)}")
+
+    @property
+    def audio(self) -> bool:
+        return VARIANTS[self.variant][0]
+
+    @property
+    def anchor_weight(self) -> float:
+        return VARIANTS[self.variant][1]
+
+
+def draft_vocabulary(
+    examples: list[Example], size: int, prompt_length: int, eot: int, backfill: Counter | None = None
+) -> list[int] | None:
+    """The `size` most frequent predicted tokens of the training transcripts (end-of-text always in), topped up
+    from `backfill` counts when the transcripts hold fewer distinct tokens; None keeps the full vocabulary."""
+    if size <= 0:
+        return None
+    counts = Counter(token for e in examples for token in e.tokens[prompt_length:])
+    chosen = [eot] + [token for token, _ in counts.most_common() if token != eot]
+    chosen += [token for token, _ in (backfill or Counter()).most_common() if token not in counts and token != eot]
+    return sorted(chosen[:size])
+
+
+def corpus_counts(target: WhisperTarget, sentences: Path = SENTENCES) -> Counter:
+    """Token frequencies of the training sentence corpus, as the target's tokenizer splits it."""
+    lines = [" " + line.strip() for line in sentences.read_text().splitlines() if line.strip()]
+    return Counter(token for ids in target.tokenizer(lines, add_special_tokens=False).input_ids for token in ids)
+
+
+def collate(examples: list[Example], taps: tuple[int, ...], prompt_length: int, to_draft: Tensor) -> Batch:
+    """Pad examples into a Batch: position t reads (f_t, x_{t+1}) and predicts x_{t+2}."""
+    length = max(len(e.tokens) - 1 for e in examples)
+    n_frames = max(e.memory.shape[0] for e in examples)
+    d = examples[0].memory.shape[1]
+    batch = Batch(
+        features=torch.zeros(len(examples), length, len(taps) * d),
+        inputs=torch.zeros(len(examples), length, dtype=torch.long),
+        targets=torch.full((len(examples), length), -100),
+        frames=torch.full((len(examples), length), -1),
+        memory=torch.zeros(len(examples), n_frames, d),
+        valid_frames=torch.tensor([e.memory.shape[0] for e in examples]),
+        lengths=torch.tensor([len(e.tokens) - 1 for e in examples]),
+    )
+    for b, e in enumerate(examples):
+        n = len(e.tokens) - 1
+        tokens = torch.tensor(e.tokens)
+        batch.features[b, :n] = e.hidden[:, list(taps)].reshape(n, -1).float()
+        batch.inputs[b, :n] = tokens[1:]
+        predicted = torch.arange(2, n + 1)  # positions t = 0..n-2 predict tokens 2..n
+        keep = predicted >= prompt_length
+        batch.targets[b, : n - 1] = torch.where(keep, to_draft[tokens[predicted]], -100)
+        frames = torch.tensor([-1 if f is None else f for f in e.frames])
+        batch.frames[b, : n - 1] = torch.where(keep, frames[predicted], -1)
+        batch.memory[b, : e.memory.shape[0]] = e.memory.float()
+    return batch
+
+
+def feature_scale(examples: list[Example], taps: tuple[int, ...]) -> Tensor:
+    """Per-feature standard deviation of the tapped target features over the training data."""
+    rows = torch.cat([e.hidden[:, list(taps)].reshape(e.hidden.shape[0], -1).float() for e in examples])
+    return rows.std(dim=0)
+
+
+def _distributed() -> tuple[int, int]:
+    """(rank, world size): several processes under torchrun, else one."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+
+
+def train(
+    target: WhisperTarget,
+    examples: list[Example],
+    config: TrainConfig,
+    out: Path,
+    data_hash: str,
+) -> Draft:
+    """Train one draft on cached examples and save it (and a resumable state) in `out` after every epoch."""
+    rank, world = _distributed()
+    device = target.device
+    torch.manual_seed(config.seed)
+    taps = DraftConfig.for_target(target).taps
+    vocab = draft_vocabulary(examples, config.draft_vocab, len(target.prompt), target.eot, corpus_counts(target))
+    settings = {**asdict(config), "data_hash": data_hash, "examples": len(examples)}
+    draft_config = DraftConfig.for_target(
+        target, audio=config.audio, taps=taps, vocab_ids=vocab, variant=config.variant, training=settings
+    )
+    draft = Draft(draft_config).attach(target).train()
+    optimizer = torch.optim.AdamW(draft.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    start_epoch = _resume(draft, optimizer, out / "resume", target, settings)
+    objective = Objective(draft, config)
+    model = DistributedDataParallel(objective) if world > 1 else objective
+
+    to_draft = torch.full((target.vocab_size,), -100, dtype=torch.long)
+    to_draft[torch.tensor(vocab) if vocab else torch.arange(target.vocab_size)] = torch.arange(
+        len(vocab) if vocab else target.vocab_size
+    )
+    noise_scale = config.feature_noise * feature_scale(examples, taps).to(device)
+    batches_per_epoch = -(-len(examples) // (config.batch_size * world))
+    total_steps = config.epochs * batches_per_epoch
+    for epoch in range(start_epoch, config.epochs):
+        order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(config.seed * 1000 + epoch))
+        noise = torch.Generator(device=device).manual_seed(config.seed * 1000 + epoch + rank)
+        batches = order.split(config.batch_size)[rank::world]
+        progress = tqdm(batches, desc=f"{config.variant} epoch {epoch + 1}/{config.epochs}", disable=rank != 0)
+        for i, indices in enumerate(progress):
+            step = epoch * batches_per_epoch + i
+            for group in optimizer.param_groups:
+                group["lr"] = cosine_lr(step, total_steps, config.lr)
+            batch = _to(collate([examples[j] for j in indices], taps, len(target.prompt), to_draft), device)
+            batch.features = batch.features + noise_scale * torch.randn(
+                batch.features.shape, generator=noise, device=device
+            )
+            parts = model(batch)
+            optimizer.zero_grad(set_to_none=True)
+            parts.total.backward()
+            torch.nn.utils.clip_grad_norm_(draft.parameters(), config.grad_clip)
+            optimizer.step()
+            progress.set_postfix(
+                loss=f"{parts.total.item():.3f}", tok=f"{parts.token:.3f}", feat=f"{parts.feature:.3f}",
+                anchor=f"{parts.anchor:.3f}", utt_s=f"{(progress.format_dict['rate'] or 0) * config.batch_size:.1f}",
+            )  # fmt: skip
+        if rank == 0:
+            with atomic_directory(out / "resume") as scratch:
+                save_draft(draft, scratch, dtype=torch.float32)
+                torch.save({"epoch": epoch + 1, "optimizer": optimizer.state_dict()}, scratch / "state.pt")
+    if rank == 0:
+        save_draft(draft, out)  # float16: the draft's own weights only
+    return draft.eval()
+
+
+class Objective(nn.Module):
+    """The training loss as a module, so that DistributedDataParallel sees the draft's forward pass."""
+
+    def __init__(self, draft: Draft, config: TrainConfig):
+        super().__init__()
+        self.draft, self.config = draft, config
+
+    def forward(self, batch: Batch) -> LossParts:
+        c = self.config
+        return unrolled_loss(self.draft, batch, c.unroll, c.anchor_weight, c.sigma, c.feature_weight)
+
+
+def _to(batch: Batch, device: torch.device) -> Batch:
+    return Batch(**{f.name: getattr(batch, f.name).to(device) for f in fields(batch)})
+
+
+def _resume(draft: Draft, optimizer: torch.optim.Optimizer, folder: Path, target, settings: dict) -> int:
+    """Continue from the last finished epoch of an identical run; 0 when there is none."""
+    if not (folder / "state.pt").is_file():
+        return 0
+    saved = load_draft(folder, target)
+    if saved.config.training != settings:
+        raise ValueError(f"{folder} holds a run with other settings; remove it or train into another folder")
+    draft.load_state_dict(saved.state_dict())
+    state = torch.load(folder / "state.pt", weights_only=True)
+    optimizer.load_state_dict(state["optimizer"])
+    return state["epoch"]

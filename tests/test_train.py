@@ -78,3 +78,101 @@ def test_one_training_step_reduces_the_loss(tiny_en):
     after = unrolled_loss(draft, batch, depths=3, anchor_weight=0.1, sigma=5.0)
     assert after.total.item() < before.total.item()
     assert before.anchor > 0 and before.feature > 0
+
+
+@pytest.fixture(scope="module")
+def examples(tiny_en, speech):
+    from specasr.align import get_aligner
+    from specasr.trainset import make_example, real_clips, synthetic_clips
+
+    clips = [*real_clips(limit=2), *synthetic_clips(2, seed=0)]
+    return [make_example(tiny_en, clip, get_aligner()) for clip in clips]
+
+
+def test_examples_hold_the_targets_view_of_each_clip(examples, tiny_en):
+    for example in examples:
+        n = len(example.tokens)
+        assert example.tokens[:2] == list(tiny_en.prompt) and example.tokens[-1] == tiny_en.eot
+        assert example.hidden.shape == (n - 1, tiny_en.n_layers + 1, tiny_en.d_model)
+        assert example.memory.shape[1] == tiny_en.d_model and example.memory.shape[0] <= 1500
+        assert example.frames[:2] == [None, None] and example.frames[-1] is None
+        known = [f for f in example.frames if f is not None]
+        assert len(known) >= (n - 3) / 2 and all(0 <= f < example.memory.shape[0] for f in known)
+
+
+def test_shards_round_trip_and_a_killed_write_leaves_nothing(examples, tmp_path, monkeypatch):
+    from specasr import trainset
+
+    trainset.write_shard(tmp_path / "shard-0000.safetensors", examples)
+    loaded = trainset.read_shard(tmp_path / "shard-0000.safetensors")
+    assert [e.id for e in loaded] == [e.id for e in examples]
+    assert all(torch.equal(a.hidden, b.hidden) and a.frames == b.frames for a, b in zip(loaded, examples, strict=True))
+
+    def killed(tensors, path, metadata):
+        path.write_bytes(b"half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainset, "save_file", killed)
+    with pytest.raises(KeyboardInterrupt):
+        trainset.write_shard(tmp_path / "shard-0001.safetensors", examples)
+    assert sorted(p.name for p in tmp_path.glob("shard-*.safetensors")) == ["shard-0000.safetensors"]
+
+
+def test_collate_masks_the_prompt_padding_and_unaligned_tokens(examples, tiny_en):
+    from specasr.train import collate
+
+    to_draft = torch.arange(tiny_en.vocab_size)
+    batch = collate(examples[:2], (1, 2, 4), len(tiny_en.prompt), to_draft)
+    for b, example in enumerate(examples[:2]):
+        n = len(example.tokens) - 1
+        assert batch.targets[b, 0] == example.tokens[2]  # position 0 reads sot's features and predicts token 2
+        assert batch.targets[b, n - 2] == tiny_en.eot and (batch.targets[b, n - 1 :] == -100).all()
+        assert (batch.frames[b, n - 1 :] == -1).all()  # padding and end-of-text have no frame
+        unaligned = [i - 2 for i, f in enumerate(example.frames) if f is None and 2 <= i <= n]
+        assert all(batch.frames[b, i] == -1 for i in unaligned)
+        assert batch.valid_frames[b] == example.memory.shape[0]
+        assert (batch.memory[b, example.memory.shape[0] :] == 0).all()
+
+
+def test_training_is_deterministic_and_resumes_where_it_stopped(examples, tiny_en, tmp_path, monkeypatch):
+    from specasr import train as training
+    from specasr.draft import load_draft
+
+    config = training.TrainConfig(variant="anchordraft", epochs=2, batch_size=2, unroll=2, draft_vocab=256, seed=3)
+    straight = training.train(tiny_en, examples, config, tmp_path / "a", data_hash="test")
+
+    calls, forward = [], training.Objective.forward
+
+    def killed_in_second_epoch(self, batch):
+        calls.append(1)
+        if len(calls) == 3:  # two batches per epoch
+            raise KeyboardInterrupt
+        return forward(self, batch)
+
+    monkeypatch.setattr(training.Objective, "forward", killed_in_second_epoch)
+    with pytest.raises(KeyboardInterrupt):
+        training.train(tiny_en, examples, config, tmp_path / "b", data_hash="test")
+    monkeypatch.setattr(training.Objective, "forward", forward)
+    resumed = training.train(tiny_en, examples, config, tmp_path / "b", data_hash="test")
+    assert resumed.weights_hash() == straight.weights_hash()
+
+    saved = load_draft(tmp_path / "a", tiny_en)
+    assert saved.config.variant == "anchordraft" and len(saved.config.vocab_ids) == 256
+    assert saved.config.training["data_hash"] == "test" and saved.config.training["seed"] == 3
+    assert tiny_en.eot in saved.config.vocab_ids
+    with pytest.raises(ValueError, match="other settings"):
+        training.train(tiny_en, examples, training.TrainConfig(epochs=3, batch_size=2), tmp_path / "b", "test")
+
+
+def test_draft_vocabulary_keeps_predicted_tokens_first_and_never_the_prompt(examples, tiny_en):
+    from collections import Counter
+
+    from specasr.train import draft_vocabulary
+
+    vocab = draft_vocabulary(examples, 40, len(tiny_en.prompt), tiny_en.eot, Counter({7: 100, 8: 1}))
+    assert len(vocab) == 40 and tiny_en.eot in vocab
+    assert not set(tiny_en.prompt) & set(vocab)
+    full = draft_vocabulary(examples, 10_000, len(tiny_en.prompt), tiny_en.eot, Counter({7: 100, 8: 1}))
+    predicted = {t for e in examples for t in e.tokens[2:]}
+    assert set(full) == predicted | {7, 8}
+    assert draft_vocabulary(examples, 0, 2, tiny_en.eot) is None
