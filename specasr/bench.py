@@ -1,7 +1,7 @@
 """Greedy vs speculative decoding, timed end to end on the same clips in one process."""
 
 import statistics
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -17,6 +17,7 @@ from specasr.trace import Trace
 @dataclass
 class ClipTiming:
     clip_id: str
+    draft: str
     tokens: int
     greedy_decode: float  # medians over the repetitions, seconds
     greedy_total: float
@@ -31,54 +32,65 @@ def _median(traces: list[Trace], phase: str) -> float:
 
 def benchmark(
     target: WhisperTarget,
-    draft: Draft,
+    drafts: dict[str, Draft],
     clips: list[tuple[str, np.ndarray]],
     config: SpeculativeConfig,
     repeats: int = 5,
-) -> tuple[pd.DataFrame, list[Trace]]:
-    """Per-clip medians of greedy and speculative wall-clock, alternating the two after one warm-up each.
+) -> tuple[pd.DataFrame, dict[str, list[Trace]]]:
+    """Per-clip medians of greedy and of each draft's speculative wall-clock, interleaved after one warm-up each.
 
-    Returns the per-clip table and the speculative traces of the last repetition (for acceptance and rho).
+    Returns one row per clip and draft, and each draft's speculative traces of the last repetition.
     """
     config = replace(config, verify_peaks=False)  # time the loop, not the per-layer trace
     transcribe(target, clips[0][1])
-    speculative_transcribe(target, draft, clips[0][1], config)
-    rows, traces = [], []
+    for draft in drafts.values():
+        speculative_transcribe(target, draft, clips[0][1], config)
+    rows, traces = [], {name: [] for name in drafts}
     for clip_id, audio in tqdm(clips, desc="bench", unit="clip"):
-        greedy, speculative = [], []
+        greedy, speculative = [], {name: [] for name in drafts}
         for _ in range(repeats):
             greedy.append(transcribe(target, audio, clip_id))
-            speculative.append(speculative_transcribe(target, draft, audio, config, clip_id))
-        traces.append(speculative[-1])
-        rows.append(
-            ClipTiming(
-                clip_id=clip_id,
-                tokens=len(greedy[0].tokens),
-                greedy_decode=_median(greedy, "decode"),
-                greedy_total=_median(greedy, "total"),
-                speculative_decode=_median(speculative, "decode"),
-                speculative_total=_median(speculative, "total"),
-                same_tokens=all(s.tokens == greedy[0].tokens for s in speculative),
+            for name, draft in drafts.items():
+                speculative[name].append(speculative_transcribe(target, draft, audio, config, clip_id))
+        for name, runs in speculative.items():
+            traces[name].append(runs[-1])
+            rows.append(
+                ClipTiming(
+                    clip_id=clip_id,
+                    draft=name,
+                    tokens=len(greedy[0].tokens),
+                    greedy_decode=_median(greedy, "decode"),
+                    greedy_total=_median(greedy, "total"),
+                    speculative_decode=_median(runs, "decode"),
+                    speculative_total=_median(runs, "total"),
+                    same_tokens=all(s.tokens == greedy[0].tokens for s in runs),
+                )
             )
-        )
-    table = pd.DataFrame([r.__dict__ for r in rows])
+    table = pd.DataFrame([asdict(r) for r in rows])
     table["decode_speedup"] = table.greedy_decode / table.speculative_decode
     table["total_speedup"] = table.greedy_total / table.speculative_total
     return table, traces
 
 
-def summary(table: pd.DataFrame, traces: list[Trace]) -> dict[str, float]:
-    accepted = acceptance(traces)
-    return {
-        "clips": len(table),
-        "decode_speedup_median": table.decode_speedup.median(),
-        "total_speedup_median": table.total_speedup.median(),
-        "decode_speedup_pooled": table.greedy_decode.sum() / table.speculative_decode.sum(),
-        "total_speedup_pooled": table.greedy_total.sum() / table.speculative_total.sum(),
-        "L": accepted.L,
-        "a1": accepted.a1,
-        "a2c": accepted.a2c,
-        "rho": rho(traces),
-        "greedy_ms_per_token": 1000 * table.greedy_decode.sum() / table.tokens.sum(),
-        "lossless_clips": int(table.same_tokens.sum()),
-    }
+def summary(table: pd.DataFrame, traces: dict[str, list[Trace]]) -> pd.DataFrame:
+    """One row per draft: speedups (median over clips and pooled over time), acceptance, rho, lossless clips."""
+    rows = []
+    for name, runs in table.groupby("draft", sort=False):
+        accepted = acceptance(traces[name])
+        rows.append(
+            {
+                "draft": name,
+                "clips": len(runs),
+                "decode_speedup_median": runs.decode_speedup.median(),
+                "total_speedup_median": runs.total_speedup.median(),
+                "decode_speedup_pooled": runs.greedy_decode.sum() / runs.speculative_decode.sum(),
+                "total_speedup_pooled": runs.greedy_total.sum() / runs.speculative_total.sum(),
+                "L": accepted.L,
+                "a1": accepted.a1,
+                "a2c": accepted.a2c,
+                "rho": rho(traces[name]),
+                "greedy_ms_per_token": 1000 * runs.greedy_decode.sum() / runs.tokens.sum(),
+                "lossless_clips": int(runs.same_tokens.sum()),
+            }
+        )
+    return pd.DataFrame(rows)

@@ -13,7 +13,7 @@ from specasr.bench import benchmark, summary
 from specasr.cache import cache_dir
 from specasr.dataset import DEFAULT_SPEECH_DIR, load_manifest
 from specasr.decode import WINDOWS, SpeculativeConfig, greedy_tokens, speculative_transcribe, transcribe
-from specasr.draft import Draft, DraftMismatchError, load_draft, random_draft
+from specasr.draft import DraftMismatchError, resolve_draft, shipped_drafts
 from specasr.metrics import acceptance, anchor_error_by_depth, word_error_rate
 from specasr.targets import BUILTIN_TARGETS, DTYPES, FRAME_SECONDS, TargetUnavailableError, WhisperTarget, load_target
 from specasr.trace import Trace
@@ -78,19 +78,17 @@ def cmd_eval(args: argparse.Namespace) -> None:
     )
 
 
-def _add_speculative_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--draft", default="random", help="checkpoint folder, random, or random-no-audio")
+def _add_speculative_options(parser: argparse.ArgumentParser, several_drafts: bool = False) -> None:
+    about = "a shipped draft (python -m specasr drafts), a folder, random, or random-no-audio"
+    if several_drafts:
+        parser.add_argument("--draft", action="append", help=about + "; repeat it to compare drafts (default: random)")
+    else:
+        parser.add_argument("--draft", default="random", help=about)
     parser.add_argument("--k", type=int, default=4, help="most draft proposals per round")
     parser.add_argument("--window", default="unrestricted", choices=WINDOWS)
     parser.add_argument("--half-width-ms", type=float, default=400.0)
     parser.add_argument("--runtime-layer", type=int, default=None, help="target decoder layer (0-based) for runtime")
     parser.add_argument("--threshold", type=float, default=0.0, help="stop proposing below this draft confidence")
-
-
-def _draft(name: str, target: WhisperTarget) -> Draft:
-    if name in ("random", "random-no-audio"):
-        return random_draft(target, audio=name == "random")
-    return load_draft(Path(name), target)
 
 
 def _speculative_config(args: argparse.Namespace) -> SpeculativeConfig:
@@ -150,7 +148,7 @@ def cmd_decode(args: argparse.Namespace) -> None:
     reference = _reference(args.reference, target, audio)
     try:
         trace = speculative_transcribe(
-            target, _draft(args.draft, target), audio, config, Path(args.audio).stem, reference
+            target, resolve_draft(args.draft, target), audio, config, Path(args.audio).stem, reference
         )
     except ValueError as error:  # a window that needs reference frames, a runtime layer out of range
         raise UsageError(str(error)) from error
@@ -216,13 +214,12 @@ def cmd_bench(args: argparse.Namespace) -> None:
     utterances = everything[:: max(1, len(everything) // args.clips)][: args.clips]  # spread over the sources
     config = _speculative_config(args)
     target = load_target(args.target, args.device, args.dtype)
-    draft = _draft(args.draft, target)
+    drafts = {name: resolve_draft(name, target) for name in args.draft or ["random"]}
     clips = [(u.id, load_audio(u.path)) for u in utterances]
-    table, traces = benchmark(target, draft, clips, config, args.repeats)
+    table, traces = benchmark(target, drafts, clips, config, args.repeats)
     print(table.to_string(index=False, float_format="%.4f"))
-    print(f"\n{target.name} + {draft.name}, K={config.k}, window={config.window}, {args.device} {args.dtype}")
-    for key, value in summary(table, traces).items():
-        print(f"{key:>24}: {value:.3f}" if isinstance(value, float) else f"{key:>24}: {value}")
+    print(f"\n{target.name}, K={config.k}, window={config.window}, {args.device} {args.dtype}, {args.repeats} repeats")
+    print(summary(table, traces).to_string(index=False, float_format="%.3f"))
 
 
 def cmd_train(args: argparse.Namespace) -> None:
@@ -241,6 +238,11 @@ def cmd_train(args: argparse.Namespace) -> None:
     out = args.out or cache_dir() / "drafts" / target.name / config.variant
     draft = train(target, examples, config, out, data_hash(examples))
     print(f"{draft.name} trained on {len(examples)} examples; saved in {out}")
+
+
+def cmd_drafts(args: argparse.Namespace) -> None:
+    for name in shipped_drafts(args.target):
+        print(name)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -294,12 +296,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=None, help="default: cache/drafts/TARGET/VARIANT")
     p.set_defaults(run=cmd_train)
 
+    p = commands.add_parser("drafts", help="list the drafts that come with specasr")
+    p.add_argument("--target", default=None)
+    p.set_defaults(run=cmd_drafts)
+
     p = commands.add_parser("bench", help="time greedy vs speculative decoding on the same clips")
     p.add_argument("--speech-dir", type=Path, default=DEFAULT_SPEECH_DIR)
     p.add_argument("--clips", type=int, default=20, help="N clips spread evenly over the manifest")
     p.add_argument("--repeats", type=int, default=5)
     _add_target_options(p)
-    _add_speculative_options(p)
+    _add_speculative_options(p, several_drafts=True)
     p.set_defaults(run=cmd_bench)
     return parser
 

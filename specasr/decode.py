@@ -66,7 +66,7 @@ class SpeculativeConfig:
     k: int = 4  # most proposals per round
     window: str = "unrestricted"
     half_width_ms: float = 400.0
-    runtime_layer: int | None = None  # target decoder layer (0-based) read by the runtime window
+    runtime_layer: int | None = None  # target decoder layer (0-based) for the runtime window; None: the target's
     threshold: float = 0.0  # stop proposing once the draft's top probability falls below this
     verify_peaks: bool = True  # record the verification attention peak of every target layer
     keep_attention: bool = False  # keep each draft step's full audio attention row
@@ -164,7 +164,7 @@ class _SpeculativeLoop:
         self.frames = memory.shape[1]
         self.target_cache = target.new_cache(memory)
         self.draft_cache = draft.new_cache(memory, valid_frames, target.max_length)
-        runtime_layer = config.runtime_layer if config.runtime_layer is not None else target.n_layers // 2
+        runtime_layer = config.runtime_layer if config.runtime_layer is not None else target.runtime_layer
         if not 0 <= runtime_layer < target.n_layers:
             raise ValueError(f"runtime layer {runtime_layer} outside the target's {target.n_layers} decoder layers")
         self.runtime_layer = runtime_layer
@@ -340,7 +340,8 @@ def speculative_transcribe(
     trace, (_, rounds, steps, verified) = _timed_trace(target, audio, clip_id, decode)
     trace.draft, trace.k = draft.name, config.k
     trace.window, trace.half_width_ms = config.window, config.half_width_ms
-    trace.runtime_layer = config.runtime_layer if config.window == "runtime" else None
+    if config.window == "runtime":
+        trace.runtime_layer = target.runtime_layer if config.runtime_layer is None else config.runtime_layer
     trace.rounds, trace.steps, trace.verified = rounds, steps, verified
     trace.timings.draft = sum(r.draft_seconds for r in rounds)
     trace.timings.verify = sum(r.verify_seconds for r in rounds)

@@ -266,3 +266,20 @@ def load_draft(path: Path, target: WhisperTarget) -> Draft:
     except RuntimeError as error:
         raise DraftMismatchError(f"{weights_file} does not match its config: {error}") from error
     return draft.attach(target).eval().requires_grad_(False)
+
+
+SHIPPED_DRAFTS = Path(__file__).resolve().parents[1] / "drafts"
+
+
+def shipped_drafts(target: str | None = None) -> list[str]:
+    """Names of the drafts that come with specasr ("whisper-tiny.en/anchordraft", ...), for one target or all."""
+    names = sorted(str(p.parent.relative_to(SHIPPED_DRAFTS)) for p in SHIPPED_DRAFTS.glob("*/*/config.json"))
+    return [n for n in names if target is None or n.startswith(f"{target}/")]
+
+
+def resolve_draft(name: str, target: WhisperTarget) -> Draft:
+    """A draft by name: `random` / `random-no-audio`, a shipped name, or a checkpoint folder."""
+    if name in ("random", "random-no-audio"):
+        return random_draft(target, audio=name == "random")
+    shipped = SHIPPED_DRAFTS / name
+    return load_draft(shipped if (shipped / "config.json").is_file() else Path(name), target)

@@ -44,4 +44,7 @@ def load_target(name: str, device: str = "cpu", dtype: str = "float32") -> Whisp
         feature_extractor = WhisperFeatureExtractor.from_pretrained(source)
     except (OSError, ValueError) as error:
         raise TargetUnavailableError(f"could not load target {name!r} from {source}: {error}") from error
-    return WhisperTarget(name, model.to(torch_device), tokenizer, feature_extractor)
+    target = WhisperTarget(name, model.to(torch_device), tokenizer, feature_extractor)
+    if name in BUILTIN_TARGETS:
+        target.runtime_layer = BUILTIN_TARGETS[name].runtime_layer
+    return target

@@ -30,6 +30,7 @@ class BundledWhisper:
     data_dir: str  # folder inside each package
     weight_files: tuple[str, ...]  # concatenated in order, one per package
     multilingual: bool
+    runtime_layer: int  # decoder layer for the runtime window, chosen on train-speech (paper D.2 rule)
 
     def package_dirs(self) -> list[Path]:
         dirs = []
@@ -56,6 +57,7 @@ BUILTIN_TARGETS = {
         data_dir="model",
         weight_files=("model.bin",),
         multilingual=False,
+        runtime_layer=3,
     ),
     "whisper-base": BundledWhisper(
         name="whisper-base",
@@ -63,6 +65,7 @@ BUILTIN_TARGETS = {
         data_dir="data",
         weight_files=("model.bin.part1", "model.bin.part2"),
         multilingual=True,
+        runtime_layer=5,
     ),
 }
 

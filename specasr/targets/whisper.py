@@ -70,6 +70,7 @@ class WhisperTarget:
         self.suppress = self._vocab_mask(generation.suppress_tokens)
         self.begin_suppress = self._vocab_mask(generation.begin_suppress_tokens)
         self.special_ids = frozenset(tokenizer.all_special_ids) | frozenset(range(self.eot, self.vocab_size))
+        self.runtime_layer = self.n_layers - 1  # read by the runtime window; built-ins set the one chosen on data
         self._decoder = model.model.decoder
 
     @property
