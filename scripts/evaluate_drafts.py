@@ -1,0 +1,52 @@
+"""Shipped drafts of one target on the evaluation speech: timing and acceptance side by side in one process,
+with paired utterance-bootstrap intervals for the contrasts the paper predicts (audio vs no-audio, AnchorDraft
+vs control).
+
+    python -m scripts.evaluate_drafts --target whisper-tiny.en [--clips 156] [--repeats 3] [--k 4]
+"""
+
+import argparse
+
+from specasr.audio import load_audio
+from specasr.bench import benchmark, summary
+from specasr.dataset import DEFAULT_SPEECH_DIR, load_manifest
+from specasr.decode import SpeculativeConfig
+from specasr.draft import resolve_draft, shipped_drafts
+from specasr.metrics import acceptance, paired_bootstrap
+from specasr.targets import load_target
+
+CONTRASTS = (("no-audio", "control"), ("no-audio", "anchordraft"), ("control", "anchordraft"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", default="whisper-tiny.en")
+    parser.add_argument("--clips", type=int, default=156)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--window", default="unrestricted")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32")
+    args = parser.parse_args()
+
+    target = load_target(args.target, args.device, args.dtype)
+    names = shipped_drafts(args.target)
+    drafts = {name.split("/")[-1]: resolve_draft(name, target) for name in names}
+    everything = load_manifest(DEFAULT_SPEECH_DIR)
+    utterances = everything[:: max(1, len(everything) // args.clips)][: args.clips]
+    clips = [(u.id, load_audio(u.path)) for u in utterances]
+    table, traces = benchmark(target, drafts, clips, SpeculativeConfig(k=args.k, window=args.window), args.repeats)
+    print(
+        f"{target.name}, K={args.k}, window={args.window}, {args.device} {args.dtype}, "
+        f"{len(clips)} clips x {args.repeats} repeats"
+    )
+    print(summary(table, traces).to_string(index=False, float_format="%.3f"))
+    for a, b in CONTRASTS:
+        if a in traces and b in traces:
+            for metric in ("a1", "a2c", "L"):
+                interval = paired_bootstrap(traces[a], traces[b], lambda t, m=metric: getattr(acceptance(t), m))
+                print(f"{b} - {a} {metric}: {interval.estimate:+.3f} [{interval.low:+.3f}, {interval.high:+.3f}]")
+
+
+if __name__ == "__main__":
+    main()
