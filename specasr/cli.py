@@ -5,6 +5,7 @@ import json
 import sys
 from pathlib import Path
 
+import torch.distributed as dist
 from tqdm import tqdm
 
 from specasr.align import ALIGNERS, AlignerUnavailableError, AlignmentError, align_tokens, get_aligner
@@ -17,7 +18,7 @@ from specasr.draft import DraftMismatchError, resolve_draft, shipped_drafts
 from specasr.metrics import acceptance, anchor_error_by_depth, word_error_rate
 from specasr.targets import BUILTIN_TARGETS, DTYPES, FRAME_SECONDS, TargetUnavailableError, WhisperTarget, load_target
 from specasr.trace import Trace
-from specasr.train import VARIANTS, TrainConfig, train
+from specasr.train import VARIANTS, TrainConfig, distributed, train
 from specasr.trainset import data_hash, prepare_examples, training_sources
 
 
@@ -234,10 +235,17 @@ def cmd_train(args: argparse.Namespace) -> None:
     )
     aligner = get_aligner(args.aligner)
     target = load_target(args.target, args.device, args.dtype)
-    examples = prepare_examples(target, training_sources(args.real, args.synthetic, args.seed), aligner)
+    sources = training_sources(args.real, args.synthetic, args.seed)
+    rank, _ = distributed()
+    if rank == 0:  # one process fills the feature cache; under torchrun the others wait, then read it
+        prepare_examples(target, sources, aligner)
+    if dist.is_initialized():
+        dist.barrier()
+    examples = prepare_examples(target, sources, aligner)
     out = args.out or cache_dir() / "drafts" / target.name / config.variant
     draft = train(target, examples, config, out, data_hash(examples))
-    print(f"{draft.name} trained on {len(examples)} examples; saved in {out}")
+    if rank == 0:
+        print(f"{draft.name} trained on {len(examples)} examples; saved in {out}")
 
 
 def cmd_drafts(args: argparse.Namespace) -> None:

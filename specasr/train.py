@@ -214,7 +214,7 @@ def feature_scale(examples: list[Example], taps: tuple[int, ...]) -> Tensor:
     return rows.std(dim=0)
 
 
-def _distributed() -> tuple[int, int]:
+def distributed() -> tuple[int, int]:
     """(rank, world size): several processes under torchrun, else one."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
@@ -229,7 +229,7 @@ def train(
     data_hash: str,
 ) -> Draft:
     """Train one draft on cached examples and save it (and a resumable state) in `out` after every epoch."""
-    rank, world = _distributed()
+    rank, world = distributed()
     device = target.device
     torch.manual_seed(config.seed)
     taps = DraftConfig.for_target(target).taps
@@ -249,12 +249,13 @@ def train(
         len(vocab) if vocab else target.vocab_size
     )
     noise_scale = config.feature_noise * feature_scale(examples, taps).to(device)
-    batches_per_epoch = -(-len(examples) // (config.batch_size * world))
+    batches_per_epoch = -(-len(examples) // config.batch_size) // world
     total_steps = config.epochs * batches_per_epoch
     for epoch in range(start_epoch, config.epochs):
         order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(config.seed * 1000 + epoch))
         noise = torch.Generator(device=device).manual_seed(config.seed * 1000 + epoch + rank)
-        batches = order.split(config.batch_size)[rank::world]
+        batches = order.split(config.batch_size)
+        batches = batches[: len(batches) // world * world][rank::world]  # every process takes as many steps
         progress = tqdm(batches, desc=f"{config.variant} epoch {epoch + 1}/{config.epochs}", disable=rank != 0)
         for i, indices in enumerate(progress):
             step = epoch * batches_per_epoch + i
