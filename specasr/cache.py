@@ -21,7 +21,7 @@ def cache_dir() -> Path:
 
 @contextmanager
 def atomic_directory(final: Path) -> Iterator[Path]:
-    """Yield a scratch folder that becomes `final` only if the block completes.
+    """Yield a scratch folder that becomes (or replaces) `final` only if the block completes.
 
     An exception or a kill inside the block leaves `final` as it was, so readers never see
     a half-written result. Scratch folders left by killed processes are removed once stale.
@@ -34,8 +34,11 @@ def atomic_directory(final: Path) -> Iterator[Path]:
     scratch.chmod(0o755)
     try:
         yield scratch
-        if final.exists():  # another process finished first; its result is as good as ours
-            shutil.rmtree(scratch)
+        if final.exists():
+            previous = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+            final.rename(previous / final.name)
+            scratch.rename(final)
+            shutil.rmtree(previous)
         else:
             scratch.rename(final)
     except BaseException:

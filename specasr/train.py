@@ -244,10 +244,9 @@ def train(
     objective = Objective(draft, config)
     model = DistributedDataParallel(objective) if world > 1 else objective
 
-    to_draft = torch.full((target.vocab_size,), -100, dtype=torch.long)
-    to_draft[torch.tensor(vocab) if vocab else torch.arange(target.vocab_size)] = torch.arange(
-        len(vocab) if vocab else target.vocab_size
-    )
+    draft_ids = torch.tensor(vocab) if vocab else torch.arange(target.vocab_size)
+    to_draft = torch.full((target.vocab_size,), -100, dtype=torch.long)  # target id -> draft vocabulary index
+    to_draft[draft_ids] = torch.arange(len(draft_ids))
     noise_scale = config.feature_noise * feature_scale(examples, taps).to(device)
     batches_per_epoch = -(-len(examples) // config.batch_size) // world
     total_steps = config.epochs * batches_per_epoch

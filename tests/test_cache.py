@@ -26,3 +26,12 @@ def test_interrupted_rebuild_keeps_the_previous_result(tmp_path):
     with pytest.raises(RuntimeError), atomic_directory(final) as scratch:
         raise RuntimeError("killed")
     assert (final / "weights").read_text() == "old"
+
+
+def test_completed_rebuild_replaces_the_previous_result(tmp_path):
+    final = tmp_path / "result"
+    for content in ("epoch 1", "epoch 2"):
+        with atomic_directory(final) as scratch:
+            (scratch / "weights").write_text(content)
+    assert (final / "weights").read_text() == "epoch 2"
+    assert [p.name for p in tmp_path.iterdir()] == ["result"]

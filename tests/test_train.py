@@ -138,20 +138,22 @@ def test_training_is_deterministic_and_resumes_where_it_stopped(examples, tiny_e
     from specasr import train as training
     from specasr.draft import load_draft
 
-    config = training.TrainConfig(variant="anchordraft", epochs=2, batch_size=2, unroll=2, draft_vocab=256, seed=3)
+    config = training.TrainConfig(variant="anchordraft", epochs=3, batch_size=2, unroll=2, draft_vocab=256, seed=3)
     straight = training.train(tiny_en, examples, config, tmp_path / "a", data_hash="test")
 
     calls, forward = [], training.Objective.forward
 
-    def killed_in_second_epoch(self, batch):
+    def killed_in_third_epoch(self, batch):
         calls.append(1)
-        if len(calls) == 3:  # two batches per epoch
+        if len(calls) == 5:  # two batches per epoch
             raise KeyboardInterrupt
         return forward(self, batch)
 
-    monkeypatch.setattr(training.Objective, "forward", killed_in_second_epoch)
+    monkeypatch.setattr(training.Objective, "forward", killed_in_third_epoch)
     with pytest.raises(KeyboardInterrupt):
         training.train(tiny_en, examples, config, tmp_path / "b", data_hash="test")
+    assert torch.load(tmp_path / "b" / "resume" / "state.pt", weights_only=True)["epoch"] == 2
+    assert not (tmp_path / "b" / "config.json").exists()  # no final draft from an interrupted run
     monkeypatch.setattr(training.Objective, "forward", forward)
     resumed = training.train(tiny_en, examples, config, tmp_path / "b", data_hash="test")
     assert resumed.weights_hash() == straight.weights_hash()
@@ -161,7 +163,7 @@ def test_training_is_deterministic_and_resumes_where_it_stopped(examples, tiny_e
     assert saved.config.training["data_hash"] == "test" and saved.config.training["seed"] == 3
     assert tiny_en.eot in saved.config.vocab_ids
     with pytest.raises(ValueError, match="other settings"):
-        training.train(tiny_en, examples, training.TrainConfig(epochs=3, batch_size=2), tmp_path / "b", "test")
+        training.train(tiny_en, examples, training.TrainConfig(epochs=4, batch_size=2), tmp_path / "b", "test")
 
 
 def test_draft_vocabulary_keeps_predicted_tokens_first_and_never_the_prompt(examples, tiny_en):
