@@ -5,7 +5,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specasr.draft import DraftMismatchError, load_draft, random_draft, save_draft, window_mask
+from specasr.draft import (
+    SHIPPED_DRAFTS,
+    DraftMismatchError,
+    load_draft,
+    random_draft,
+    resolve_draft,
+    save_draft,
+    shipped_drafts,
+    window_mask,
+)
 
 
 @settings(max_examples=200, deadline=None)
@@ -93,3 +102,25 @@ def test_broken_checkpoints_fail_clearly(tiny_en, tmp_path):
     (tmp_path / "e" / "draft.safetensors").write_bytes(b"garbage")
     with pytest.raises(DraftMismatchError, match="cannot read"):
         load_draft(tmp_path / "e", tiny_en)
+
+
+@pytest.mark.parametrize("name", shipped_drafts())
+def test_shipped_drafts_load_and_decode_losslessly(name, sample_clips, request):
+    from specasr.audio import load_audio
+    from specasr.decode import SpeculativeConfig, greedy_tokens, speculative_transcribe
+
+    target = request.getfixturevalue({"whisper-tiny.en": "tiny_en", "whisper-base": "base"}[name.split("/")[0]])
+    draft = resolve_draft(name, target)
+    assert draft.config.variant == name.split("/")[1] and draft.config.training["data_hash"]
+    audio = load_audio(sample_clips[1].path)
+    trace = speculative_transcribe(target, draft, audio, SpeculativeConfig(k=4), sample_clips[1].id)
+    assert trace.tokens == greedy_tokens(target, target.encode(target.features(audio)))
+
+
+def test_shipped_drafts_cover_the_three_variants_and_stay_small():
+    names = shipped_drafts()
+    assert names, "no shipped drafts"
+    for target in {n.split("/")[0] for n in names}:
+        assert {n.split("/")[1] for n in names if n.startswith(target + "/")} == {"anchordraft", "control", "no-audio"}
+    total = sum(p.stat().st_size for p in SHIPPED_DRAFTS.rglob("*") if p.is_file())
+    assert total < 40 * 2**20
