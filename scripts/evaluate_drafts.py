@@ -9,7 +9,7 @@ import argparse
 
 from specasr.audio import load_audio
 from specasr.bench import benchmark, summary
-from specasr.dataset import DEFAULT_SPEECH_DIR, load_manifest
+from specasr.dataset import DEFAULT_SPEECH_DIR, load_manifest, spread
 from specasr.decode import SpeculativeConfig
 from specasr.draft import resolve_draft, shipped_drafts
 from specasr.metrics import acceptance, paired_bootstrap
@@ -32,8 +32,7 @@ def main() -> None:
     target = load_target(args.target, args.device, args.dtype)
     names = shipped_drafts(args.target)
     drafts = {name.split("/")[-1]: resolve_draft(name, target) for name in names}
-    everything = load_manifest(DEFAULT_SPEECH_DIR)
-    utterances = everything[:: max(1, len(everything) // args.clips)][: args.clips]
+    utterances = spread(load_manifest(DEFAULT_SPEECH_DIR), args.clips)
     clips = [(u.id, load_audio(u.path)) for u in utterances]
     table, traces = benchmark(target, drafts, clips, SpeculativeConfig(k=args.k, window=args.window), args.repeats)
     print(

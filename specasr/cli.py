@@ -1,4 +1,4 @@
-"""python -m specasr ...: transcribe a clip, or score a target on a speech set."""
+"""python -m specasr ...: transcribe, decode, align, eval, bench, train, drafts."""
 
 import argparse
 import json
@@ -12,7 +12,7 @@ from specasr.align import ALIGNERS, AlignerUnavailableError, AlignmentError, ali
 from specasr.audio import AudioError, load_audio
 from specasr.bench import benchmark, summary
 from specasr.cache import cache_dir
-from specasr.dataset import DEFAULT_SPEECH_DIR, load_manifest
+from specasr.dataset import DEFAULT_SPEECH_DIR, load_manifest, spread
 from specasr.decode import WINDOWS, SpeculativeConfig, greedy_tokens, speculative_transcribe, transcribe
 from specasr.draft import DraftMismatchError, resolve_draft, shipped_drafts
 from specasr.metrics import acceptance, anchor_error_by_depth, word_error_rate
@@ -211,8 +211,7 @@ def cmd_align(args: argparse.Namespace) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
-    everything = load_manifest(args.speech_dir)
-    utterances = everything[:: max(1, len(everything) // args.clips)][: args.clips]  # spread over the sources
+    utterances = spread(load_manifest(args.speech_dir), args.clips)
     config = _speculative_config(args)
     target = load_target(args.target, args.device, args.dtype)
     drafts = {name: resolve_draft(name, target) for name in args.draft or ["random"]}

@@ -34,3 +34,8 @@ def load_manifest(speech_dir: Path = DEFAULT_SPEECH_DIR) -> list[Utterance]:
             )
             for row in csv.DictReader(f, delimiter="\t")
         ]
+
+
+def spread(utterances: list[Utterance], count: int) -> list[Utterance]:
+    """`count` utterances taken at even steps through the list, so that every source of a manifest shows up."""
+    return utterances[:: max(1, len(utterances) // count)][:count]
