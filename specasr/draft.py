@@ -113,10 +113,12 @@ class Draft(nn.Module):
         decoder = target.model.model.decoder
         embedding = decoder.embed_tokens.weight
         vocab = self.config.vocab_ids
+        draft_ids = torch.arange(self.config.vocab_size) if vocab is None else torch.tensor(vocab)
         self._frozen = {
             "embedding": embedding,
             "positions": decoder.embed_positions.weight,
-            "lm_head": embedding if vocab is None else embedding[torch.tensor(vocab, device=embedding.device)],
+            "vocab_ids": draft_ids.to(embedding.device),  # draft vocabulary index -> target token id
+            "lm_head": embedding if vocab is None else embedding[draft_ids.to(embedding.device)],
         }
         return self.to(embedding.device, embedding.dtype)
 
@@ -132,9 +134,7 @@ class Draft(nn.Module):
         return digest.hexdigest()
 
     def vocab_to_target(self, draft_tokens: Tensor) -> Tensor:
-        if self.config.vocab_ids is None:
-            return draft_tokens
-        return torch.tensor(self.config.vocab_ids, device=draft_tokens.device)[draft_tokens]
+        return self._frozen["vocab_ids"][draft_tokens]
 
     def new_cache(self, memory: Tensor, valid_frames: int, capacity: int) -> DraftCache:
         """An empty cache for one clip; the audio keys/values are projected once here."""
@@ -222,6 +222,8 @@ def check_fits(config: DraftConfig, target: WhisperTarget) -> None:
     taps = list(config.taps)
     if not taps or taps != sorted(set(taps)) or not 0 <= taps[0] <= taps[-1] <= target.n_layers:
         problems.append(f"layer taps {config.taps} are not increasing layers of the target's {target.n_layers}")
+    if config.vocab_ids is not None and not all(0 <= i < target.vocab_size for i in config.vocab_ids):
+        problems.append(f"draft vocabulary ids outside the target's {target.vocab_size} tokens")
     if problems:
         raise DraftMismatchError(
             f"draft for {config.target!r} does not fit target {target.name!r}: " + "; ".join(problems)
