@@ -394,15 +394,21 @@ def align_tokens(aligner: Aligner, target: "WhisperTarget", audio: np.ndarray, t
     """Force-align a target's transcript tokens to the audio and map them onto its encoder frames."""
     text = target.decode_text(tokens)
     words = aligner.align(audio, text)
-    frames = token_frames(
+    return TokenAlignment(text, words, frames_from_words(target, tokens, words, len(audio)))
+
+
+def frames_from_words(
+    target: "WhisperTarget", tokens: list[int], words: list[WordTime], n_samples: int
+) -> list[int | None]:
+    """The reference frame of each transcript token on the target's encoder grid, from the times of its words."""
+    return token_frames(
         tokens,
         target.tokenizer.decode,
-        char_times_from_words(text, words),
+        char_times_from_words(target.decode_text(tokens), words),
         set(target.special_ids),
-        valid_frames=target.valid_frames(len(audio)),
+        valid_frames=target.valid_frames(n_samples),
         frame_seconds=FRAME_SECONDS,
     )
-    return TokenAlignment(text, words, frames)
 
 
 def _frame(seconds: float, frame_seconds: float, valid_frames: int) -> int:

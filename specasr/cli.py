@@ -237,10 +237,11 @@ def cmd_train(args: argparse.Namespace) -> None:
     sources = training_sources(args.real, args.synthetic, args.seed)
     rank, _ = distributed()
     if rank == 0:  # one process fills the feature cache; under torchrun the others wait, then read it
-        prepare_examples(target, sources, aligner)
+        examples = prepare_examples(target, sources, aligner)
     if dist.is_initialized():
         dist.barrier()
-    examples = prepare_examples(target, sources, aligner)
+    if rank != 0:
+        examples = prepare_examples(target, sources, aligner)
     out = args.out or cache_dir() / "drafts" / target.name / config.variant
     draft = train(target, examples, config, out, data_hash(examples))
     if rank == 0:

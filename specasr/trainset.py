@@ -17,12 +17,12 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from specasr.align import Aligner, WordTime, align_tokens, char_times_from_words, normalize_for_alignment, token_frames
+from specasr.align import Aligner, WordTime, align_tokens, frames_from_words, normalize_for_alignment
 from specasr.audio import load_audio
 from specasr.cache import cache_dir
 from specasr.dataset import TRAIN_SPEECH_DIR, load_manifest
 from specasr.decode import greedy_tokens
-from specasr.targets import FRAME_SECONDS, WhisperTarget
+from specasr.targets import WhisperTarget
 
 FEATURE_VERSION = 1
 SHARD_SIZE = 64
@@ -67,17 +67,8 @@ def synthetic_clips(count: int, seed: int = 0, sentences: Path = SENTENCES) -> I
 
 
 def _reference_frames(target: WhisperTarget, clip: Clip, tokens: list[int], aligner: Aligner) -> list[int | None]:
-    text = target.decode_text(tokens)
-    if clip.words is not None and normalize_for_alignment(text) == [w.word for w in clip.words]:
-        frames = token_frames(
-            tokens,
-            target.tokenizer.decode,
-            char_times_from_words(text, clip.words),
-            set(target.special_ids),
-            valid_frames=target.valid_frames(len(clip.audio)),
-            frame_seconds=FRAME_SECONDS,
-        )
-        return frames
+    if clip.words is not None and normalize_for_alignment(target.decode_text(tokens)) == [w.word for w in clip.words]:
+        return frames_from_words(target, tokens, clip.words, len(clip.audio))
     return align_tokens(aligner, target, clip.audio, tokens).frames
 
 
@@ -140,9 +131,12 @@ def feature_cache(target: WhisperTarget, source: str, settings: dict) -> Path:
 
 def build_cache(target: WhisperTarget, clips: Iterable[Clip], count: int, folder: Path, aligner: Aligner) -> Path:
     """Fill `folder` shard by shard; shards already there are kept, so an interrupted build resumes."""
+    shards = -(-count // SHARD_SIZE)
+    if all(_shard_path(folder, shard).exists() for shard in range(shards)):
+        return folder  # complete: reuse it without producing a single clip
     clips = iter(clips)
     progress = tqdm(total=count, desc=f"features {target.name} {folder.name}", unit="clip")
-    for shard in range(-(-count // SHARD_SIZE)):
+    for shard in range(shards):
         n = min(SHARD_SIZE, count - shard * SHARD_SIZE)
         path = _shard_path(folder, shard)
         if path.exists():
