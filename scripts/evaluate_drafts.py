@@ -2,10 +2,11 @@
 with paired utterance-bootstrap intervals for the contrasts the paper predicts (audio vs no-audio, AnchorDraft
 vs control).
 
-    python -m scripts.evaluate_drafts --target whisper-tiny.en [--clips 156] [--repeats 3] [--k 4]
+    python -m scripts.evaluate_drafts --target whisper-tiny.en [--clips 156] [--repeats 3] [--k 4] [--speech-dir DIR]
 """
 
 import argparse
+from pathlib import Path
 
 from specasr.audio import load_audio
 from specasr.bench import benchmark, summary
@@ -21,6 +22,7 @@ CONTRASTS = (("no-audio", "control"), ("no-audio", "anchordraft"), ("control", "
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default="whisper-tiny.en")
+    parser.add_argument("--speech-dir", type=Path, default=DEFAULT_SPEECH_DIR)
     parser.add_argument("--clips", type=int, default=156)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--k", type=int, default=4)
@@ -32,7 +34,7 @@ def main() -> None:
     target = load_target(args.target, args.device, args.dtype)
     names = shipped_drafts(args.target)
     drafts = {name.split("/")[-1]: resolve_draft(name, target) for name in names}
-    utterances = spread(load_manifest(DEFAULT_SPEECH_DIR), args.clips)
+    utterances = spread(load_manifest(args.speech_dir), args.clips)
     clips = [(u.id, load_audio(u.path)) for u in utterances]
     table, traces = benchmark(target, drafts, clips, SpeculativeConfig(k=args.k, window=args.window), args.repeats)
     print(

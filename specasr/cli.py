@@ -37,6 +37,13 @@ USER_ERRORS = (
 )
 
 
+def _layers(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(layer) for layer in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected layer numbers separated by commas, got {text!r}") from None
+
+
 def _add_target_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--target", default="whisper-tiny.en", help=f"{' | '.join(BUILTIN_TARGETS)} | local folder | hub id"
@@ -229,12 +236,14 @@ def cmd_train(args: argparse.Namespace) -> None:
         batch_size=args.batch_size,
         lr=args.lr,
         unroll=args.unroll,
+        taps=args.taps,
+        ffn_dim=args.ffn_dim,
         draft_vocab=args.draft_vocab,
         seed=args.seed,
     )
     aligner = get_aligner(args.aligner)
     target = load_target(args.target, args.device, args.dtype)
-    sources = training_sources(args.real, args.synthetic, args.seed)
+    sources = training_sources(args.real, args.espeak, args.hibari, args.seed)
     rank, _ = distributed()
     if rank == 0:  # one process fills the feature cache; under torchrun the others wait, then read it
         examples = prepare_examples(target, sources, aligner)
@@ -243,7 +252,8 @@ def cmd_train(args: argparse.Namespace) -> None:
     if rank != 0:
         examples = prepare_examples(target, sources, aligner)
     out = args.out or cache_dir() / "drafts" / target.name / config.variant
-    draft = train(target, examples, config, out, data_hash(examples))
+    described = {source.name: source.settings for source in sources}
+    draft = train(target, examples, config, out, data_hash(examples), described)
     if rank == 0:
         print(f"{draft.name} trained on {len(examples)} examples; saved in {out}")
 
@@ -296,9 +306,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=12)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--unroll", type=int, default=3, help="draft depths trained per position")
+    p.add_argument("--taps", type=_layers, default=None, help="target layers the draft reads, e.g. 3,6")
+    p.add_argument("--ffn-dim", type=int, default=None, help="draft feed-forward width (default: the target's)")
     p.add_argument("--draft-vocab", type=int, default=4096, help="reduced draft vocabulary size; 0 for the full one")
     p.add_argument("--real", type=int, default=251, help="clips of ../shared/data/train-speech")
-    p.add_argument("--synthetic", type=int, default=400, help="espeak-ng sentences from ../shared/data/text")
+    p.add_argument("--espeak", type=int, default=400, help="espeak-ng sentences from ../shared/data/text")
+    p.add_argument("--hibari", type=int, default=200, help="hibari-tts sentences from ../shared/data/text")
     p.add_argument("--aligner", default="pocketsphinx", choices=list(ALIGNERS))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None, help="default: cache/drafts/TARGET/VARIANT")

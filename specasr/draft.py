@@ -36,13 +36,13 @@ class DraftConfig:
 
     @classmethod
     def for_target(cls, target: WhisperTarget, audio: bool = True, **overrides) -> "DraftConfig":
-        """Low, middle and top decoder layers, the target's width and heads, a 2x feed-forward."""
+        """Low, middle and top decoder layers, the target's width and heads, a feed-forward as wide as the model."""
         n = target.n_layers
         defaults = {
             "target": target.name,
             "d_model": target.d_model,
             "n_heads": target.n_heads,
-            "ffn_dim": 2 * target.d_model,
+            "ffn_dim": target.d_model,
             "vocab_size": target.vocab_size,
             "taps": tuple(sorted({1, (n + 1) // 2, n})),
             "audio": audio,

@@ -8,6 +8,7 @@ the features it predicted at depth j - 1 and attends to its own earlier chain, e
 later steps at inference, so continuation is trained and not only the restart.
 """
 
+import json
 import math
 import os
 from collections import Counter
@@ -145,6 +146,8 @@ class TrainConfig:
     feature_weight: float = 0.5
     sigma: float = 5.0  # frames, for the anchor target
     unroll: int = 3  # draft depths trained per position
+    taps: tuple[int, ...] | None = None  # target decoder layers the draft reads; None: low, middle and top
+    ffn_dim: int | None = None  # the draft's feed-forward width; None: the target's width
     draft_vocab: int = 4096  # most frequent target tokens of the training transcripts; 0 keeps the full vocabulary
     seed: int = 0
 
@@ -227,16 +230,21 @@ def train(
     config: TrainConfig,
     out: Path,
     data_hash: str,
+    sources: dict | None = None,
 ) -> Draft:
-    """Train one draft on cached examples and save it (and a resumable state) in `out` after every epoch."""
+    """Train one draft on cached examples and save it (and a resumable state) in `out` after every epoch.
+    `data_hash` and `sources` (each data source's settings) are recorded in the checkpoint with the config."""
     rank, world = distributed()
     device = target.device
     torch.manual_seed(config.seed)
-    taps = DraftConfig.for_target(target).taps
+    shape = {"taps": tuple(config.taps)} if config.taps else {}
+    shape |= {"ffn_dim": config.ffn_dim} if config.ffn_dim else {}
+    taps = DraftConfig.for_target(target, **shape).taps
     vocab = draft_vocabulary(examples, config.draft_vocab, len(target.prompt), target.eot, corpus_counts(target))
-    settings = {**asdict(config), "data_hash": data_hash, "examples": len(examples)}
+    settings = {**asdict(config), "data_hash": data_hash, "examples": len(examples), "sources": sources}
+    settings = json.loads(json.dumps(settings))  # as the checkpoint's JSON will hold it, for the resume check
     draft_config = DraftConfig.for_target(
-        target, audio=config.audio, taps=taps, vocab_ids=vocab, variant=config.variant, training=settings
+        target, audio=config.audio, vocab_ids=vocab, variant=config.variant, training=settings, **shape
     )
     draft = Draft(draft_config).attach(target).train()
     optimizer = torch.optim.AdamW(draft.parameters(), lr=config.lr, weight_decay=config.weight_decay)

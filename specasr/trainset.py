@@ -6,6 +6,7 @@ frame per token: from espeak-ng's own word times for synthesized speech whose tr
 text spoken, otherwise from forced alignment of the transcript.
 """
 
+import functools
 import hashlib
 import json
 from collections.abc import Callable, Iterable, Iterator
@@ -50,20 +51,28 @@ def real_clips(speech_dir: Path = TRAIN_SPEECH_DIR, limit: int | None = None) ->
         yield Clip(utterance.id, load_audio(utterance.path))
 
 
-def synthetic_clips(count: int, seed: int = 0, sentences: Path = SENTENCES) -> Iterator[Clip]:
-    """espeak-ng speech of `count` sentences drawn with `seed`: voices in turn, varied rate and pitch, light noise."""
-    from specasr.tts import ENGLISH_VOICES, synthesize_espeak
+def synthetic_clips(count: int, seed: int = 0, tts: str = "espeak", sentences: Path = SENTENCES) -> Iterator[Clip]:
+    """Synthesized speech of `count` sentences drawn with `seed`, with light noise. espeak-ng: its voices in turn,
+    varied rate and pitch; hibari-tts: its one voice at varied speed, speaking sentences from the other end of the
+    same shuffled order, so that the two never share a sentence."""
+    from specasr.tts import ENGLISH_VOICES, synthesize_espeak, synthesize_hibari
 
     lines = [line.strip() for line in sentences.read_text().splitlines() if line.strip()]
     rng = np.random.default_rng(seed)
-    for n, index in enumerate(rng.permutation(len(lines))[:count]):
-        voice = ENGLISH_VOICES[n % len(ENGLISH_VOICES)]
-        speech = synthesize_espeak(
-            lines[index], voice=voice, rate_wpm=int(rng.integers(130, 200)), pitch=int(rng.integers(30, 70))
-        )
+    order = rng.permutation(len(lines))
+    for n, index in enumerate(order[:count] if tts == "espeak" else order[::-1][:count]):
+        if tts == "espeak":
+            voice = ENGLISH_VOICES[n % len(ENGLISH_VOICES)]
+            rate, pitch = int(rng.integers(130, 200)), int(rng.integers(30, 70))
+            speech = synthesize_espeak(lines[index], voice=voice, rate_wpm=rate, pitch=pitch)
+            name = f"espeak-{index}-{voice}"
+        else:
+            speed = round(float(rng.uniform(0.8, 1.25)), 2)
+            speech = synthesize_hibari(lines[index], speed=speed, seed=int(index))
+            name = f"hibari-{index}-{speed}"
         noise_db = rng.uniform(-50, -35)  # relative to full scale
         audio = speech.audio + rng.normal(0, 10 ** (noise_db / 20), speech.audio.size).astype(np.float32)
-        yield Clip(f"espeak-{index}-{voice}", audio, speech.words)
+        yield Clip(name, audio, speech.words)
 
 
 def _reference_frames(target: WhisperTarget, clip: Clip, tokens: list[int], aligner: Aligner) -> list[int | None]:
@@ -172,15 +181,17 @@ class Source:
     clips: Callable[[], Iterator[Clip]]
 
 
-def training_sources(real: int, synthetic: int, seed: int = 0) -> list[Source]:
-    """Real untranscribed speech (../shared/data/train-speech) and espeak-ng speech of the sentence corpus."""
+def training_sources(real: int, espeak: int, hibari: int, seed: int = 0) -> list[Source]:
+    """Real untranscribed speech (../shared/data/train-speech) and espeak-ng and hibari-tts speech of the sentence
+    corpus."""
     real = min(real, len(load_manifest(TRAIN_SPEECH_DIR)))
     sources = []
     if real:
         sources.append(Source("train-speech", {"count": real}, real, lambda: real_clips(limit=real)))
-    if synthetic:
-        settings = {"count": synthetic, "seed": seed}
-        sources.append(Source("espeak", settings, synthetic, lambda: synthetic_clips(synthetic, seed)))
+    for tts, count in (("espeak", espeak), ("hibari", hibari)):
+        if count:
+            clips = functools.partial(synthetic_clips, count, seed, tts)
+            sources.append(Source(tts, {"count": count, "seed": seed}, count, clips))
     return sources
 
 

@@ -1,4 +1,4 @@
-"""Synthetic speech with exact word timings: espeak-ng (bundled by PyPI `espeakng-loader`) through ctypes.
+"""Synthetic speech with exact word timings: espeak-ng (PyPI `espeakng-loader`, through ctypes) and hibari-tts.
 
 While it synthesizes, espeak-ng reports the sample at which each word and each phoneme starts. Those positions
 are the reference timings for synthesized audio; no aligner is involved.
@@ -268,3 +268,82 @@ def synthesize_espeak(
     audio = np.concatenate(capture.chunks).astype(np.float32) / 32768.0
     audio = soxr.resample(audio, ESPEAK_SAMPLE_RATE, SAMPLE_RATE)
     return SynthesizedSpeech(audio=audio, sample_rate=SAMPLE_RATE, words=word_times)
+
+
+HIBARI_SAMPLE_RATE = 24000
+_HIBARI_DURATION_UNIT = 600  # samples per unit of the model's integer phoneme durations
+_HIBARI_DURATIONS = "/Clip_output_0"  # the graph's rounded, clipped per-phoneme durations
+_HIBARI_PAUSES = frozenset(';:,.!?—…"()“”')
+# The durations run behind the audio: pocketsphinx, unbiased on espeak-ng speech (median signed error -0.5 ms),
+# puts hibari's word starts a median 85 ms earlier (`python -m scripts.validate_aligner --tts hibari`).
+_HIBARI_LAG = int(0.085 * HIBARI_SAMPLE_RATE)
+
+
+class _Hibari:
+    """hibari-tts with its phoneme durations exposed as an extra graph output (the public API hides them)."""
+
+    def __init__(self):
+        import onnx
+        import onnxruntime
+        from hibari import Hibari
+
+        self.tts = Hibari(threads=1)
+        model = onnx.load(self.tts.model_path)
+        model.graph.output.append(onnx.helper.make_tensor_value_info(_HIBARI_DURATIONS, onnx.TensorProto.FLOAT, None))
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = options.inter_op_num_threads = 1
+        options.log_severity_level = 3
+        self.session = onnxruntime.InferenceSession(model.SerializeToString(), options, ["CPUExecutionProvider"])
+
+    def synthesize(self, phonemes: str, speed: float, rng: np.random.Generator) -> tuple[np.ndarray, list[_Span]]:
+        """24 kHz audio of one phoneme string and the (start, end) samples of each of its space-separated words."""
+        from hibari import dsp
+
+        chars = [c for c in phonemes if c in self.tts.vocab]
+        ids = [0, *(self.tts.vocab[c] for c in chars), 0]
+        *outputs, durations = self.session.run(None, {"ids": np.array([ids]), "speed": np.array([speed], np.float32)})
+        audio = dsp.synth(*(o[0] for o in outputs), rng)
+        ends = np.maximum(np.cumsum(durations.reshape(-1).astype(np.int64)) * _HIBARI_DURATION_UNIT - _HIBARI_LAG, 0)
+        spans, start, end = [], None, None
+        for k, char in enumerate(chars, start=1):  # ids[k] is chars[k - 1]
+            if char == " ":
+                if start is not None:
+                    spans.append((start, end))
+                start = None
+            elif char not in _HIBARI_PAUSES:
+                start = ends[k - 1] if start is None else start
+                end = ends[k]
+        if start is not None:
+            spans.append((start, end))
+        return audio, spans
+
+
+_hibari: _Hibari | None = None
+
+
+def synthesize_hibari(text: str, speed: float = 1.0, seed: int = 0) -> SynthesizedSpeech:
+    """Speak `text` with hibari-tts's bundled voice; returns 16 kHz float32 audio and each word's time from the
+    model's own phoneme durations. Words are flagged unaligned where the phonemizer's word count differs from the
+    normalized text's (it merged or split a word), rather than guessed."""
+    global _hibari
+    spoken, words, _ = _speakable(text)
+    if not words:
+        raise ValueError(f"no words to speak in {text!r}")
+    if not 0.5 <= speed <= 2.0:
+        raise ValueError(f"speed must be in 0.5..2.0, got {speed}")
+    with _lock:
+        _hibari = _hibari or _Hibari()
+        rng = np.random.default_rng(seed)
+        pieces, spans, offset = [], [], 0
+        for phonemes in _hibari.tts.phonemize(spoken):
+            audio, chunk_spans = _hibari.synthesize(phonemes, speed, rng)
+            spans += [(offset + start, offset + end) for start, end in chunk_spans]
+            pieces.append(audio)
+            offset += audio.size
+    if len(spans) == len(words):
+        rate = HIBARI_SAMPLE_RATE
+        times = [WordTime(w, s / rate, e / rate, True) for w, (s, e) in zip(words, spans, strict=True)]
+    else:
+        times = [WordTime(word, None, None, False) for word in words]
+    audio = soxr.resample(np.concatenate(pieces).astype(np.float32), HIBARI_SAMPLE_RATE, SAMPLE_RATE)
+    return SynthesizedSpeech(audio=audio, sample_rate=SAMPLE_RATE, words=times)

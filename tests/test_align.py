@@ -16,7 +16,7 @@ from specasr.align import (
     normalize_for_alignment,
     token_frames,
 )
-from specasr.tts import ENGLISH_VOICES, synthesize_espeak
+from specasr.tts import ENGLISH_VOICES, synthesize_espeak, synthesize_hibari
 
 SOT, EOT = 0, 1
 PIECES = {SOT: "<|sot|>", EOT: "<|eot|>", 10: " The", 11: " cat", 12: ",", 13: " sat", 14: " un", 15: "tied", 16: "."}
@@ -167,6 +167,27 @@ def test_pocketsphinx_matches_espeak_word_starts(clip, aligner):
     errors = [abs(a.start - b.start) for a, b in zip(clip.words, found, strict=True)]
     assert max(errors) < 0.1
     assert np.median(errors) < 0.04
+
+
+def test_hibari_times_every_word_and_pocketsphinx_agrees(aligner):
+    speech = synthesize_hibari(SENTENCE, speed=1.1, seed=1)
+    assert speech.sample_rate == 16000 and speech.audio.dtype == np.float32
+    assert [w.word for w in speech.words] == normalize_for_alignment(SENTENCE)
+    starts = [w.start for w in speech.words]
+    assert all(w.aligned for w in speech.words) and starts == sorted(starts)
+    assert all(w.start < w.end <= speech.audio.size / 16000 for w in speech.words)
+    found = aligner.align(speech.audio, SENTENCE)
+    errors = [abs(a.start - b.start) for a, b in zip(found, speech.words, strict=True) if a.aligned]
+    assert len(errors) == len(found) and np.median(errors) < 0.05
+
+
+def test_hibari_is_repeatable_for_a_seed_and_rejects_odd_speeds():
+    first, again = synthesize_hibari("hello world", seed=4), synthesize_hibari("hello world", seed=4)
+    assert np.array_equal(first.audio, again.audio)
+    with pytest.raises(ValueError, match="speed"):
+        synthesize_hibari("hello", speed=3.0)
+    with pytest.raises(ValueError, match="no words"):
+        synthesize_hibari(" ... !")
 
 
 def test_espeak_gives_arpabet_for_words_missing_from_the_dictionary():

@@ -85,7 +85,7 @@ def examples(tiny_en, speech):
     from specasr.align import get_aligner
     from specasr.trainset import make_example, real_clips, synthetic_clips
 
-    clips = [*real_clips(limit=2), *synthetic_clips(2, seed=0)]
+    clips = [*real_clips(limit=2), *synthetic_clips(2, seed=0), *synthetic_clips(1, seed=0, tts="hibari")]
     return [make_example(tiny_en, clip, get_aligner()) for clip in clips]
 
 
@@ -138,8 +138,11 @@ def test_training_is_deterministic_and_resumes_where_it_stopped(examples, tiny_e
     from specasr import train as training
     from specasr.draft import load_draft
 
-    config = training.TrainConfig(variant="anchordraft", epochs=3, batch_size=2, unroll=2, draft_vocab=256, seed=3)
-    straight = training.train(tiny_en, examples, config, tmp_path / "a", data_hash="test")
+    config = training.TrainConfig(
+        variant="anchordraft", epochs=3, batch_size=2, unroll=2, taps=(2, 4), ffn_dim=64, draft_vocab=256, seed=3
+    )
+    sources = {"train-speech": {"count": 2}, "espeak": {"count": 2, "seed": 0}}
+    straight = training.train(tiny_en, examples[:4], config, tmp_path / "a", data_hash="test", sources=sources)
 
     calls, forward = [], training.Objective.forward
 
@@ -151,19 +154,21 @@ def test_training_is_deterministic_and_resumes_where_it_stopped(examples, tiny_e
 
     monkeypatch.setattr(training.Objective, "forward", killed_in_third_epoch)
     with pytest.raises(KeyboardInterrupt):
-        training.train(tiny_en, examples, config, tmp_path / "b", data_hash="test")
+        training.train(tiny_en, examples[:4], config, tmp_path / "b", data_hash="test", sources=sources)
     assert torch.load(tmp_path / "b" / "resume" / "state.pt", weights_only=True)["epoch"] == 2
     assert not (tmp_path / "b" / "config.json").exists()  # no final draft from an interrupted run
     monkeypatch.setattr(training.Objective, "forward", forward)
-    resumed = training.train(tiny_en, examples, config, tmp_path / "b", data_hash="test")
+    resumed = training.train(tiny_en, examples[:4], config, tmp_path / "b", data_hash="test", sources=sources)
     assert resumed.weights_hash() == straight.weights_hash()
 
     saved = load_draft(tmp_path / "a", tiny_en)
     assert saved.config.variant == "anchordraft" and len(saved.config.vocab_ids) == 256
     assert saved.config.training["data_hash"] == "test" and saved.config.training["seed"] == 3
+    assert saved.config.training["sources"] == sources
+    assert saved.config.taps == (2, 4) and saved.config.ffn_dim == 64
     assert tiny_en.eot in saved.config.vocab_ids
     with pytest.raises(ValueError, match="other settings"):
-        training.train(tiny_en, examples, training.TrainConfig(epochs=4, batch_size=2), tmp_path / "b", "test")
+        training.train(tiny_en, examples[:4], training.TrainConfig(epochs=4, batch_size=2), tmp_path / "b", "test")
 
 
 def test_draft_vocabulary_keeps_predicted_tokens_first_and_never_the_prompt(examples, tiny_en):
