@@ -6,6 +6,7 @@ the transcript's alphanumeric characters and `token_frames` applies the paper's 
 encoder grid.
 """
 
+import functools
 import importlib.util
 import math
 import re
@@ -16,7 +17,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
-from pocketsphinx import Decoder
 
 from specasr.targets.whisper import FRAME_SECONDS
 
@@ -196,13 +196,20 @@ class PocketSphinxAligner:
     name = "pocketsphinx"
 
     def __init__(self):
-        # Synthetic speech needs wide beams: with the defaults most espeak clips end with no hypothesis.
-        self._decoder = Decoder(
-            samprate=SAMPLE_RATE, bestpath=False, loglevel="FATAL", beam=1e-100, wbeam=1e-80, pbeam=1e-100
-        )
-        self._frame_seconds = 1.0 / self._decoder.config["frate"]
         self._unpronounceable: set[str] = set()
         self._lock = threading.Lock()  # the decoder is stateful
+
+    @functools.cached_property
+    def _decoder(self):
+        """Loaded on first use, so that code paths that never align (a complete feature cache) never need it."""
+        from pocketsphinx import Decoder
+
+        # Synthetic speech needs wide beams: with the defaults most espeak clips end with no hypothesis.
+        return Decoder(samprate=SAMPLE_RATE, bestpath=False, loglevel="FATAL", beam=1e-100, wbeam=1e-80, pbeam=1e-100)
+
+    @property
+    def _frame_seconds(self) -> float:
+        return 1.0 / self._decoder.config["frate"]
 
     def align(self, audio: np.ndarray, text: str) -> list[WordTime]:
         words = _validated_words(text)

@@ -128,11 +128,16 @@ def read_shard(path: Path) -> list[Example]:
     return [Example(**row, hidden=tensors[f"{i}.hidden"], memory=tensors[f"{i}.memory"]) for i, row in enumerate(rows)]
 
 
+def feature_key(source: str, settings: dict) -> tuple[str, str]:
+    """The JSON that identifies one source's cache, and the folder name derived from it."""
+    key = json.dumps({"version": FEATURE_VERSION, "source": source, **settings}, sort_keys=True)
+    return key, f"{source}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
+
+
 def feature_cache(target: WhisperTarget, source: str, settings: dict) -> Path:
     """The cache folder for one target and one data source; any change of settings gets a new folder."""
-    key = json.dumps({"version": FEATURE_VERSION, "source": source, **settings}, sort_keys=True)
-    digest = hashlib.sha256(key.encode()).hexdigest()[:10]
-    folder = cache_dir() / "train" / target.name.replace("/", "_") / f"{source}-{digest}"
+    key, name = feature_key(source, settings)
+    folder = cache_dir() / "train" / target.name.replace("/", "_") / name
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "settings.json").write_text(key)
     return folder
@@ -184,9 +189,9 @@ class Source:
 def training_sources(real: int, espeak: int, hibari: int, seed: int = 0) -> list[Source]:
     """Real untranscribed speech (../shared/data/train-speech) and espeak-ng and hibari-tts speech of the sentence
     corpus."""
-    real = min(real, len(load_manifest(TRAIN_SPEECH_DIR)))
     sources = []
     if real:
+        real = min(real, len(load_manifest(TRAIN_SPEECH_DIR)))
         sources.append(Source("train-speech", {"count": real}, real, lambda: real_clips(limit=real)))
     for tts, count in (("espeak", espeak), ("hibari", hibari)):
         if count:
