@@ -2,8 +2,8 @@
 
 An example holds the target's greedy tokens (the labels), its decoder states at every layer (so any
 choice of draft taps reads the same cache), its encoder output over the real audio, and a reference
-frame per token: from espeak-ng's own word times for synthesized speech whose transcript matches the
-text spoken, otherwise from forced alignment of the transcript.
+frame per token: from the synthesizer's own word times (espeak-ng's events, hibari-tts's phoneme durations) for
+synthesized speech whose transcript matches the text spoken, otherwise from forced alignment of the transcript.
 """
 
 import functools

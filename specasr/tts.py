@@ -11,6 +11,10 @@ Timing rules (all from espeak's own events, none estimated from the waveform):
   (espeak_TextToPhonemes). Where the counts do not add up, those words are flagged (`aligned=False`), not guessed.
 - A word ends where the next word starts or where a pause phoneme after it starts, whichever is first; the last
   word ends at the trailing pause (or the end of the audio), so trailing silence is never part of a word.
+
+hibari-tts reports nothing while it runs; its ONNX graph computes an integer duration per phoneme, exposed here
+as an extra output. A word spans its phonemes' durations, less a constant lag calibrated once against
+pocketsphinx (below); where the phonemizer's words do not pair one to one with the text's, none is timed.
 """
 
 import bisect

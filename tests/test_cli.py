@@ -2,6 +2,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from specasr.cli import main
 
 
@@ -96,3 +98,9 @@ def test_decode_with_automatic_reference_reports_anchor_error(capsys, sample_cli
     steps = [(c, f) for r in record["rounds"] for c, f in zip(r["window_centres"], r["reference_frames"], strict=True)]
     assert all(centre == frame for centre, frame in steps if frame is not None)  # the correct window is centred
     assert sum(frame is not None for _, frame in steps) > len(steps) / 2
+
+
+def test_train_rejects_malformed_taps_before_any_work(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["train", "--taps", "3,top"])
+    assert stop.value.code == 2 and "layer numbers separated by commas" in capsys.readouterr().err
