@@ -33,6 +33,8 @@ def main() -> None:
 
     target = load_target(args.target, args.device, args.dtype)
     names = shipped_drafts(args.target)
+    if not names:
+        raise SystemExit(f"no shipped drafts for {args.target} in drafts/")
     drafts = {name.split("/")[-1]: resolve_draft(name, target) for name in names}
     utterances = spread(load_manifest(args.speech_dir), args.clips)
     clips = [(u.id, load_audio(u.path)) for u in utterances]

@@ -22,11 +22,11 @@ mkdir -p "$text" && cp $stage/text/sentences.txt "$text"/
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 quiet="Passing generation_config|Loading weights"
-for k in ${KS:-4 2}; do
+for run in ${RUNS:-4:2 2:1}; do  # K:repeats
     for target in whisper-tiny.en whisper-base; do
         python3 -m scripts.evaluate_drafts --device cuda --dtype float16 --target $target --speech-dir $stage/speech \
-            --clips ${CLIPS:-78} --repeats ${REPEATS:-2} --k $k 2>&1 | grep -v -E "$quiet" | tee -a $out/evaluate.txt \
-            || echo "FAILED: $target K=$k"
+            --clips ${CLIPS:-78} --k ${run%:*} --repeats ${run#*:} 2>&1 | grep -v -E "$quiet" | tee -a $out/evaluate.txt \
+            || echo "FAILED: $target $run"
     done
 done
 start=$(date +%s.%N)
