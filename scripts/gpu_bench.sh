@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Benchmark the shipped drafts and time draft training on a lent GPU machine (see README "GPU").
 # `python -m scripts.gpu_stage` packs the converted weights, the evaluation clips, missing wheels, one shard of
-# training features and the sentence corpus into .devcarry/p1, p2, ... and .devcarry/last; each pN travels in a call of its own
-# (`mkdir -p /tmp/stage && cp -r .devcarry/pN/. /tmp/stage/`) and this final call, carrying `last`, reassembles them.
+# training features and the sentence corpus into .devcarry/p1, p2, ... and .devcarry/last; each pN travels in a
+# call of its own (`mkdir -p /tmp/stage && cp -r .devcarry/pN/. /tmp/stage/`) and this final call, carrying
+# `last`, reassembles them.
 set -euo pipefail
 stage=/tmp/stage
 mkdir -p $stage && cp -r .devcarry/last/. $stage/

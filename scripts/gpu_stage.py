@@ -24,7 +24,7 @@ WHEELS = Path(".whl")
 
 
 def pieces() -> list[tuple[str, bytes]]:
-    """(relative path, bytes) of everything to carry; weight files split into 16 MB pieces."""
+    """(relative path, bytes) of each converted target folder; weights in 1 MiB pieces with their checksum."""
     items = []
     for name in BUILTIN_TARGETS:
         folder = builtin_model_dir(name)
