@@ -57,6 +57,8 @@ def synthetic_clips(count: int, seed: int = 0, tts: str = "espeak", sentences: P
     same shuffled order, so that the two never share a sentence."""
     from specasr.tts import ENGLISH_VOICES, synthesize_espeak, synthesize_hibari
 
+    if tts not in ("espeak", "hibari"):
+        raise ValueError(f"unknown synthesizer {tts!r}; choose espeak or hibari")
     lines = [line.strip() for line in sentences.read_text().splitlines() if line.strip()]
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(lines))
