@@ -139,8 +139,10 @@ class WindowPolicy:
         rate = (f1 - f0) / (j1 - j0) if j1 > j0 else 0.0
         return self._clip(f1 + rate * (i - j1))
 
-    def mask(self, centres: list[int], frames: int, device: torch.device) -> Tensor:
-        return window_mask(self.valid_frames, frames, torch.tensor([centres], device=device), self.half_width)
+    def mask(self, centres: list[int], device: torch.device) -> Tensor:
+        """Over the valid frames, the only ones the draft's cache holds."""
+        frames = self.valid_frames
+        return window_mask(frames, frames, torch.tensor([centres], device=device), self.half_width)
 
 
 def speculative_rounds(
@@ -161,7 +163,6 @@ class _SpeculativeLoop:
         self.target, self.draft, self.config = target, draft, config
         self.device = memory.device
         self.policy = WindowPolicy(config, valid_frames, reference)
-        self.frames = memory.shape[1]
         self.target_cache = target.new_cache(memory)
         self.draft_cache = draft.new_cache(memory, valid_frames, target.max_length)
         runtime_layer = config.runtime_layer if config.runtime_layer is not None else target.runtime_layer
@@ -275,7 +276,7 @@ class _SpeculativeLoop:
         return finished, out.hidden[:, : accepted + 1], torch.tensor([new], device=self.device)
 
     def _mask(self, centres: list[int]) -> Tensor | None:
-        return self.policy.mask(centres, self.frames, self.device) if self.draft.config.audio else None
+        return self.policy.mask(centres, self.device) if self.draft.config.audio else None
 
     def _record_steps(self, index: int, proposed: list[int], accepted: int, rows: list[Tensor], centres: list[int]):
         start = len(self.tokens)

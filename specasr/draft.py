@@ -137,9 +137,10 @@ class Draft(nn.Module):
         return self._frozen["vocab_ids"][draft_tokens]
 
     def new_cache(self, memory: Tensor, valid_frames: int, capacity: int) -> DraftCache:
-        """An empty cache for one clip; the audio keys/values are projected once here."""
+        """An empty cache for one clip; the audio keys/values are projected once here, for the valid frames only
+        (the draft never attends padding, so it need not keep it)."""
         shape = (memory.shape[0], self.config.n_heads, capacity, self.head_dim)
-        audio_keys, audio_values = self.audio_memory(memory) if self.config.audio else (None, None)
+        audio_keys, audio_values = self.audio_memory(memory[:, :valid_frames]) if self.config.audio else (None, None)
         return DraftCache(memory.new_zeros(shape), memory.new_zeros(shape), audio_keys, audio_values, valid_frames)
 
     def audio_memory(self, memory: Tensor) -> tuple[Tensor, Tensor]:
@@ -191,7 +192,8 @@ class Draft(nn.Module):
     def forward(self, features: Tensor, tokens: Tensor, cache: DraftCache, window: Tensor | None = None) -> DraftOutput:
         """Steps at positions cache.length.. for target features (batch, T, F) and tokens x_{t+1} (batch, T).
 
-        window: (batch, T, frames) boolean, the frames each step may attend; None allows every valid frame.
+        window: (batch, T, frames) boolean over the cache's audio frames, the ones each step may attend; None
+        allows every valid frame.
         """
         start, end = cache.length, cache.length + tokens.shape[1]
         positions = torch.arange(start, end, device=tokens.device)

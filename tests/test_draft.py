@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from specasr.draft import (
     SHIPPED_DRAFTS,
+    DraftCache,
     DraftMismatchError,
     load_draft,
     random_draft,
@@ -49,14 +50,32 @@ def test_restricted_draft_attends_only_inside_its_window_and_never_padding(tiny_
     cache = draft.new_cache(memory, valid_frames, capacity=8)
     centres = torch.tensor([[30, 190, -1]])
     with torch.no_grad():
-        attention = draft(features, tokens, cache, window_mask(valid_frames, 1500, centres, half_width)).attention[0]
+        window = window_mask(valid_frames, valid_frames, centres, half_width)
+        attention = draft(features, tokens, cache, window).attention[0]
+    assert attention.shape[-1] == valid_frames  # padding frames are not even in the cache
     assert torch.allclose(attention.sum(-1), torch.ones(3))
     assert attention[0, 10:51].sum().item() == pytest.approx(1.0) and attention[0, 51:].sum() == 0
-    assert attention[1, 170:200].sum().item() == pytest.approx(1.0) and attention[1, 200:].sum() == 0
-    assert attention[2, valid_frames:].sum() == 0  # unrestricted still ignores padding
+    assert attention[1, 170:200].sum().item() == pytest.approx(1.0)
+
+
+def test_cache_of_valid_frames_equals_attending_all_frames_with_padding_masked(tiny_en):
+    draft = random_draft(tiny_en)
+    memory, features, tokens = _draft_inputs(tiny_en, steps=3)
+    valid_frames = 200
+    keys, values = draft.audio_memory(memory)
+    full = DraftCache(
+        torch.zeros(1, tiny_en.n_heads, 8, draft.head_dim),
+        torch.zeros(1, tiny_en.n_heads, 8, draft.head_dim),
+        keys,
+        values,
+        valid_frames,
+    )
     with torch.no_grad():
-        unwindowed = draft(features, tokens, draft.new_cache(memory, valid_frames, capacity=8)).attention[0]
-    assert unwindowed[:, valid_frames:].sum() == 0
+        padded = draft(features, tokens, full)
+        trimmed = draft(features, tokens, draft.new_cache(memory, valid_frames, capacity=8))
+    assert padded.attention[0, :, valid_frames:].sum() == 0
+    torch.testing.assert_close(trimmed.attention, padded.attention[..., :valid_frames])
+    torch.testing.assert_close(trimmed.hidden, padded.hidden)
 
 
 def test_no_audio_draft_differs_only_by_cross_attention(tiny_en):

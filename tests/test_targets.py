@@ -10,6 +10,7 @@ from specasr.audio import load_audio
 from specasr.decode import greedy_tokens
 from specasr.targets import TargetUnavailableError, builtin, load_target
 from specasr.targets.ct2 import CT2FormatError, load_ct2_whisper, read_ct2_variables
+from specasr.targets.whisper import vocabulary_logits
 
 
 def test_converted_state_dict_fills_every_transformers_weight():
@@ -108,3 +109,12 @@ def test_greedy_stops_at_the_length_limit(tiny_en, sample_clips):
         assert greedy_tokens(tiny_en, memory) == full[:3]
     finally:
         tiny_en.max_length = limit
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 8), (1, 3, 8), (2, 5, 8)])
+def test_vocabulary_logits_equal_the_plain_product(shape):
+    generator = torch.Generator().manual_seed(0)
+    hidden, embedding = torch.randn(shape, generator=generator), torch.randn(50, 8, generator=generator)
+    logits = vocabulary_logits(hidden, embedding)
+    assert logits.shape == (*shape[:-1], 50)
+    torch.testing.assert_close(logits, hidden @ embedding.T)

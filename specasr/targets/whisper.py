@@ -18,6 +18,20 @@ ENCODER_STRIDE = 2  # mel frames per encoder frame
 FRAME_SECONDS = HOP_LENGTH * ENCODER_STRIDE / 16000  # 20 ms per encoder frame
 
 
+def vocabulary_logits(hidden: Tensor, embedding: Tensor) -> Tensor:
+    """hidden @ embedding.T, with the vocabulary-sized matrix on the left of the product.
+
+    For the few rows of a decoding step CPU BLAS runs this layout several times faster (2-core EPYC, tiny.en's
+    51,864 x 384 head: 2 rows 1.6 ms instead of 10.5, 5 rows 2.5 instead of 8.5). A lone row is doubled because
+    the matrix-vector kernel is as slow as the other layout (5.5 ms; doubled, 2.2).
+    """
+    rows = hidden.reshape(-1, hidden.shape[-1])
+    n = rows.shape[0]
+    if n == 1:
+        rows = rows.repeat(2, 1)
+    return (embedding @ rows.T)[:, :n].T.reshape(*hidden.shape[:-1], -1)
+
+
 @dataclass
 class KVCache:
     """Self-attention keys/values up to a fixed capacity, and one clip's cross-attention keys/values.
@@ -181,7 +195,7 @@ class WhisperTarget:
             if i + 1 in taps:
                 tapped.append(x)
         cache.length = end
-        logits = decoder.layer_norm(x) @ decoder.embed_tokens.weight.T
+        logits = vocabulary_logits(decoder.layer_norm(x), decoder.embed_tokens.weight)
         return DecoderOutput(
             logits=logits,
             hidden=torch.cat(tapped, dim=-1) if taps else None,
