@@ -1,11 +1,18 @@
-"""Pack what a GPU bench needs beyond the repository into folders of at most --pack-mb each, since one device
-call carries 64 MiB in all (repository included): converted target weights (split into pieces), the evaluation
-clips, the wheels the GPU image lacks, and one shard of cached training features (the first 64 hibari-tts clips
-of tiny.en, filed as the 64-clip source it equals) to time training there. Packs p1, p2, ... travel in calls of their
-own and are copied aside there to /tmp/stage; `last` travels with the final call, which runs
-scripts/gpu_bench.sh: it reassembles the weights and runs.
+"""Pack what a GPU job needs beyond the repository into folders of at most --pack-mb each, since one device call
+carries 64 MiB in all (repository included). Every file travels as 1 MiB pieces with a checksum, so packs fill
+evenly. Packs p1, p2, ... travel in calls of their own and are copied aside there to /tmp/stage; `last` travels
+with the final call, which runs the job's script (scripts/gpu_setup.sh joins and checks the pieces and puts the
+weights and caches in place first).
 
-    python -m scripts.gpu_stage [--clips 78] [--pack-mb 62] [--packs 4] [--out .devcarry]
+  bench (scripts/gpu_bench.sh): both targets' converted weights, the evaluation clips, and one
+    shard of cached training features (the first 64 hibari-tts clips of tiny.en, filed as the 64-clip source it
+    equals) to time training there.
+  train (scripts/gpu_train.sh): tiny.en's weights and its whole feature cache for the default training sources,
+    to train the three drafts there at full scale.
+
+Both carry the wheels the GPU image lacks and the sentence corpus.
+
+    python -m scripts.gpu_stage [--job bench|train] [--clips 78] [--pack-mb 62] [--packs 4|7] [--out .devcarry]
 """
 
 import argparse
@@ -16,32 +23,38 @@ import shutil
 from pathlib import Path
 
 from specasr.cache import cache_dir
-from specasr.dataset import DEFAULT_SPEECH_DIR, load_manifest, spread
+from specasr.dataset import DEFAULT_SPEECH_DIR, TRAIN_SPEECH_DIR, load_manifest, spread
 from specasr.targets.builtin import BUILTIN_TARGETS, builtin_model_dir
 from specasr.trainset import SENTENCES, SHARD_SIZE, feature_key
 
 WHEELS = Path(".whl")
+TRAIN_TARGET = "whisper-tiny.en"
+TRAIN_SOURCES = (
+    ("train-speech", {"count": 251}),
+    ("espeak", {"count": 400, "seed": 0}),
+    ("hibari", {"count": 200, "seed": 0}),
+)
 
 
-def pieces() -> list[tuple[str, bytes]]:
-    """(relative path, bytes) of each converted target folder; weights in 1 MiB pieces with their checksum."""
-    items = []
-    for name in BUILTIN_TARGETS:
-        folder = builtin_model_dir(name)
-        for path in sorted(folder.iterdir()):
-            data = path.read_bytes()
-            if path.name == "model.safetensors":
-                step = 1024 * 1024
-                digest = hashlib.sha256(data).hexdigest()
-                items.append((f"targets/{folder.name}/model.sha256", f"{digest}  model.safetensors\n".encode()))
-                for i in range(0, len(data), step):
-                    items.append((f"targets/{folder.name}/model.part{i // step:03d}", data[i : i + step]))
-            else:
-                items.append((f"targets/{folder.name}/{path.name}", data))
-    return items
+def target_files(targets: list[str]) -> list[tuple[str, bytes]]:
+    """(relative path, bytes) of every file of each converted target folder."""
+    return [
+        (f"targets/{builtin_model_dir(name).name}/{path.name}", path.read_bytes())
+        for name in targets
+        for path in sorted(builtin_model_dir(name).iterdir())
+    ]
 
 
-def training_shard(target: str = "whisper-tiny.en") -> list[tuple[str, bytes]]:
+def split(relative: str, data: bytes, step: int = 1024 * 1024) -> list[tuple[str, bytes]]:
+    """A file as 1 MiB pieces (RELATIVE.partNNN) and its checksum (RELATIVE.sha256), so that packs fill evenly;
+    scripts/gpu_setup.sh joins and checks them."""
+    name = relative.rsplit("/", 1)[-1]
+    digest = hashlib.sha256(data).hexdigest()
+    parts = [(f"{relative}.part{i // step:04d}", data[i : i + step]) for i in range(0, len(data), step)]
+    return [(f"{relative}.sha256", f"{digest}  {name}\n".encode()), *parts]
+
+
+def training_shard(target: str = TRAIN_TARGET) -> list[tuple[str, bytes]]:
     """The first shard of the 200-clip hibari cache holds exactly the clips a 64-clip hibari source would."""
     _, full = feature_key("hibari", {"count": 200, "seed": 0})
     key, small = feature_key("hibari", {"count": SHARD_SIZE, "seed": 0})
@@ -52,27 +65,49 @@ def training_shard(target: str = "whisper-tiny.en") -> list[tuple[str, bytes]]:
     ]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--clips", type=int, default=78)
-    parser.add_argument("--pack-mb", type=float, default=62)
-    parser.add_argument("--packs", type=int, default=4, help="calls before the final one")
-    parser.add_argument("--out", type=Path, default=Path(".devcarry"))
-    args = parser.parse_args()
+def training_cache(target: str = TRAIN_TARGET) -> list[tuple[str, bytes]]:
+    """Every file of the target's feature cache for the default training sources; refuses an incomplete one."""
+    items = []
+    for source, settings in TRAIN_SOURCES:
+        _, name = feature_key(source, settings)
+        folder = cache_dir() / "train" / target / name
+        shards = sorted(folder.glob("shard-*.safetensors"))
+        if len(shards) != -(-settings["count"] // SHARD_SIZE):
+            raise SystemExit(f"{folder} is incomplete: run `python -m specasr train --target {target}` here first")
+        items += [(f"train/{target}/{name}/{p.name}", p.read_bytes()) for p in [folder / "settings.json", *shards]]
+    return items
 
-    bulk = training_shard()  # first: whole files fill packs best before the 1 MiB weight pieces
-    rows = []
-    for u in spread(load_manifest(DEFAULT_SPEECH_DIR), args.clips):
+
+def evaluation_clips(count: int) -> list[tuple[str, bytes]]:
+    rows, items = [], []
+    for u in spread(load_manifest(DEFAULT_SPEECH_DIR), count):
         path = f"audio/{u.path.name}"
-        bulk.append((f"speech/{path}", u.path.read_bytes()))
+        items.append((f"speech/{path}", u.path.read_bytes()))
         rows.append({"id": u.id, "path": path, "duration_s": u.duration, "speaker": u.speaker, "text": u.text})
     manifest = io.StringIO()
     writer = csv.DictWriter(manifest, fieldnames=list(rows[0]), delimiter="\t", lineterminator="\n")
     writer.writeheader()
     writer.writerows(rows)
-    last = [("speech/manifest.tsv", manifest.getvalue().encode()), ("text/sentences.txt", SENTENCES.read_bytes())]
+    return [("speech/manifest.tsv", manifest.getvalue().encode()), *items]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--job", choices=("bench", "train"), default="bench")
+    parser.add_argument("--clips", type=int, default=78, help="evaluation clips (bench)")
+    parser.add_argument("--pack-mb", type=float, default=62)
+    parser.add_argument("--packs", type=int, default=4, help="calls before the final one (train: 7)")
+    parser.add_argument("--out", type=Path, default=Path(".devcarry"))
+    args = parser.parse_args()
+
+    last = [("text/sentences.txt", SENTENCES.read_bytes())]
     last += [(f"whl/{p.name}", p.read_bytes()) for p in sorted(WHEELS.glob("*.whl"))]
-    bulk += pieces()
+    if args.job == "bench":
+        files = training_shard() + evaluation_clips(args.clips) + target_files(list(BUILTIN_TARGETS))
+    else:
+        last.append(("train-speech/manifest.tsv", (TRAIN_SPEECH_DIR / "manifest.tsv").read_bytes()))
+        files = training_cache() + target_files([TRAIN_TARGET])
+    bulk = [piece for relative, data in files for piece in split(relative, data)]
 
     shutil.rmtree(args.out, ignore_errors=True)
     pack, used = 1, 0
