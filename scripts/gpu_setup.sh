@@ -4,6 +4,7 @@
 stage=/tmp/stage
 mkdir -p $stage && cp -r .devcarry/last/. $stage/
 out=${OUT:-/tmp}
+mkdir -p $out
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site $stage/whl/*.whl
 export PYTHONPATH=/tmp/site SPECASR_CACHE=/tmp/specasr-cache PYTHONUNBUFFERED=1
 for sum in $(find $stage -name '*.sha256'); do  # join each file's pieces (scripts/gpu_stage.py) and check it
