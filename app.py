@@ -64,10 +64,11 @@ left, middle, right = st.columns(3)
 target_name = left.selectbox("Target", list(BUILTIN_TARGETS))
 device = middle.selectbox("Device", devices)
 dtype = right.selectbox("Dtype", list(DTYPES))
-left, middle, right = st.columns(3)
+left, middle, right, far = st.columns(4)
 draft_name = left.selectbox("Draft", ["none (greedy)", *shipped_drafts(target_name), "random", "random-no-audio"])
-window = middle.selectbox("Draft attention window", WINDOWS)
-k = right.slider("K (proposals per round)", 1, 16, 4)
+draft_dtype = middle.selectbox("Draft dtype", ["as the target", *DTYPES], help="float16 drafts run faster on a CPU")
+window = right.selectbox("Draft attention window", WINDOWS)
+k = far.slider("K (proposals per round)", 1, 16, 4)
 upload = st.file_uploader("Audio clip (wav, flac, ogg, mp3, m4a; at most 30 s)")
 
 if upload is not None:
@@ -85,7 +86,7 @@ if upload is not None:
     else:
         try:
             reference = align_tokens(get_aligner(), target, audio, greedy.tokens).frames if greedy.tokens else None
-            draft = resolve_draft(draft_name, target)
+            draft = resolve_draft(draft_name, target, DTYPES.get(draft_dtype))
             config = SpeculativeConfig(k=k, window=window)
             with st.spinner("Speculative decoding…"):
                 trace = speculative_transcribe(target, draft, audio, config, upload.name, reference)

@@ -3,6 +3,7 @@ with paired utterance-bootstrap intervals for the contrasts the paper predicts (
 vs control).
 
     python -m scripts.evaluate_drafts --target whisper-tiny.en [--clips 156] [--repeats 3] [--k 4] [--speech-dir DIR]
+        [--device cpu] [--dtype float32] [--draft-dtype float16]
 """
 
 import argparse
@@ -14,7 +15,7 @@ from specasr.dataset import DEFAULT_SPEECH_DIR, load_manifest, spread
 from specasr.decode import SpeculativeConfig
 from specasr.draft import resolve_draft, shipped_drafts
 from specasr.metrics import acceptance, paired_bootstrap
-from specasr.targets import load_target
+from specasr.targets import DTYPES, load_target
 
 CONTRASTS = (("no-audio", "control"), ("no-audio", "anchordraft"), ("control", "anchordraft"))
 
@@ -28,19 +29,22 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--window", default="unrestricted")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--dtype", default="float32", choices=list(DTYPES))
+    parser.add_argument("--draft-dtype", default=None, choices=list(DTYPES), help="default: the target's")
     args = parser.parse_args()
 
     target = load_target(args.target, args.device, args.dtype)
     names = shipped_drafts(args.target)
     if not names:
         raise SystemExit(f"no shipped drafts for {args.target} in drafts/")
-    drafts = {name.split("/")[-1]: resolve_draft(name, target) for name in names}
+    draft_dtype = DTYPES[args.draft_dtype or args.dtype]
+    drafts = {name.split("/")[-1]: resolve_draft(name, target, draft_dtype) for name in names}
     utterances = spread(load_manifest(args.speech_dir), args.clips)
     clips = [(u.id, load_audio(u.path)) for u in utterances]
     table, traces = benchmark(target, drafts, clips, SpeculativeConfig(k=args.k, window=args.window), args.repeats)
     print(
-        f"{target.name}, K={args.k}, window={args.window}, {args.device} {args.dtype}, "
+        f"{target.name}, K={args.k}, window={args.window}, {args.device} {args.dtype} "
+        f"(drafts {args.draft_dtype or args.dtype}), "
         f"{len(clips)} clips x {args.repeats} repeats"
     )
     print(summary(table, traces).to_string(index=False, float_format="%.3f"))

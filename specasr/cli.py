@@ -14,7 +14,7 @@ from specasr.bench import benchmark, summary
 from specasr.cache import cache_dir
 from specasr.dataset import DEFAULT_SPEECH_DIR, load_manifest, spread
 from specasr.decode import WINDOWS, SpeculativeConfig, greedy_tokens, speculative_transcribe, transcribe
-from specasr.draft import DraftMismatchError, resolve_draft, shipped_drafts
+from specasr.draft import Draft, DraftMismatchError, resolve_draft, shipped_drafts
 from specasr.metrics import acceptance, anchor_error_by_depth, word_error_rate
 from specasr.targets import BUILTIN_TARGETS, DTYPES, FRAME_SECONDS, TargetUnavailableError, WhisperTarget, load_target
 from specasr.trace import Trace
@@ -92,6 +92,9 @@ def _add_speculative_options(parser: argparse.ArgumentParser, several_drafts: bo
         parser.add_argument("--draft", action="append", help=about + "; repeat it to compare drafts (default: random)")
     else:
         parser.add_argument("--draft", default="random", help=about)
+    parser.add_argument(
+        "--draft-dtype", default=None, choices=list(DTYPES), help="the draft's precision (default: the target's)"
+    )
     parser.add_argument("--k", type=int, default=4, help="most draft proposals per round")
     parser.add_argument("--window", default="unrestricted", choices=WINDOWS)
     parser.add_argument("--half-width-ms", type=float, default=400.0)
@@ -149,6 +152,10 @@ def _round_records(trace: Trace) -> list[dict]:
     return records
 
 
+def _draft(name: str, target: WhisperTarget, args: argparse.Namespace) -> Draft:
+    return resolve_draft(name, target, DTYPES[args.draft_dtype] if args.draft_dtype else None)
+
+
 def cmd_decode(args: argparse.Namespace) -> None:
     audio = load_audio(args.audio)
     config = _speculative_config(args)
@@ -156,7 +163,7 @@ def cmd_decode(args: argparse.Namespace) -> None:
     reference = _reference(args.reference, target, audio)
     try:
         trace = speculative_transcribe(
-            target, resolve_draft(args.draft, target), audio, config, Path(args.audio).stem, reference
+            target, _draft(args.draft, target, args), audio, config, Path(args.audio).stem, reference
         )
     except ValueError as error:  # a window that needs reference frames, a runtime layer out of range
         raise UsageError(str(error)) from error
@@ -169,6 +176,7 @@ def cmd_decode(args: argparse.Namespace) -> None:
         "tokens": trace.tokens,
         "target": trace.target,
         "draft": trace.draft,
+        "draft_dtype": trace.draft_dtype,
         "k": trace.k,
         "window": trace.window,
         "device": trace.device,
@@ -221,11 +229,15 @@ def cmd_bench(args: argparse.Namespace) -> None:
     utterances = spread(load_manifest(args.speech_dir), args.clips)
     config = _speculative_config(args)
     target = load_target(args.target, args.device, args.dtype)
-    drafts = {name: resolve_draft(name, target) for name in args.draft or ["random"]}
+    drafts = {name: _draft(name, target, args) for name in args.draft or ["random"]}
     clips = [(u.id, load_audio(u.path)) for u in utterances]
     table, traces = benchmark(target, drafts, clips, config, args.repeats)
     print(table.to_string(index=False, float_format="%.4f"))
-    print(f"\n{target.name}, K={config.k}, window={config.window}, {args.device} {args.dtype}, {args.repeats} repeats")
+    draft_dtype = args.draft_dtype or args.dtype
+    print(
+        f"\n{target.name}, K={config.k}, window={config.window}, {args.device} {args.dtype} "
+        f"(drafts {draft_dtype}), {args.repeats} repeats"
+    )
     print(summary(table, traces).to_string(index=False, float_format="%.3f"))
 
 

@@ -339,7 +339,7 @@ def speculative_transcribe(
         return speculative_rounds(target, draft, memory, valid_frames, config, reference)
 
     trace, (_, rounds, steps, verified) = _timed_trace(target, audio, clip_id, decode)
-    trace.draft, trace.k = draft.name, config.k
+    trace.draft, trace.draft_dtype, trace.k = draft.name, str(draft.dtype).removeprefix("torch."), config.k
     trace.window, trace.half_width_ms = config.window, config.half_width_ms
     if config.window == "runtime":
         trace.runtime_layer = target.runtime_layer if config.runtime_layer is None else config.runtime_layer

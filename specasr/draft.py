@@ -107,9 +107,14 @@ class Draft(nn.Module):
         self.head_dim = d // config.n_heads
         self._frozen: dict[str, Tensor] = {}
 
-    def attach(self, target: WhisperTarget) -> "Draft":
-        """Borrow the target's frozen token embedding, positions and LM head (never saved with the draft)."""
+    def attach(self, target: WhisperTarget, dtype: torch.dtype | None = None) -> "Draft":
+        """Borrow the target's frozen token embedding, positions and LM head (never saved with the draft).
+
+        dtype: the draft's own precision, the target's by default. It may differ from the target's: inputs are cast
+        where they enter (a float16 draft on a float32 target streams half the bytes per step on a CPU).
+        """
         check_fits(self.config, target)
+        dtype = dtype or target.dtype
         decoder = target.model.model.decoder
         embedding = decoder.embed_tokens.weight
         vocab = self.config.vocab_ids
@@ -118,9 +123,13 @@ class Draft(nn.Module):
             "embedding": embedding,
             "positions": decoder.embed_positions.weight,
             "vocab_ids": draft_ids.to(embedding.device),  # draft vocabulary index -> target token id
-            "lm_head": embedding if vocab is None else embedding[draft_ids.to(embedding.device)],
+            "lm_head": (embedding if vocab is None else embedding[draft_ids.to(embedding.device)]).to(dtype),
         }
-        return self.to(embedding.device, embedding.dtype)
+        return self.to(embedding.device, dtype)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fuse.weight.dtype
 
     @property
     def name(self) -> str:
@@ -139,8 +148,9 @@ class Draft(nn.Module):
     def new_cache(self, memory: Tensor, valid_frames: int, capacity: int) -> DraftCache:
         """An empty cache for one clip; the audio keys/values are projected once here, for the valid frames only
         (the draft never attends padding, so it need not keep it)."""
+        memory = memory[:, :valid_frames].to(self.dtype)
         shape = (memory.shape[0], self.config.n_heads, capacity, self.head_dim)
-        audio_keys, audio_values = self.audio_memory(memory[:, :valid_frames]) if self.config.audio else (None, None)
+        audio_keys, audio_values = self.audio_memory(memory) if self.config.audio else (None, None)
         return DraftCache(memory.new_zeros(shape), memory.new_zeros(shape), audio_keys, audio_values, valid_frames)
 
     def audio_memory(self, memory: Tensor) -> tuple[Tensor, Tensor]:
@@ -156,8 +166,8 @@ class Draft(nn.Module):
 
     def embed(self, features: Tensor, tokens: Tensor, positions: Tensor) -> Tensor:
         """The block's input from target features (batch, T, F), tokens x_{t+1} (batch, T) and positions t (T,)."""
-        embedded = self._frozen["embedding"][tokens] + self._frozen["positions"][positions]
-        return self.combine(torch.cat([self.fuse(features), embedded], dim=-1))
+        embedded = (self._frozen["embedding"][tokens] + self._frozen["positions"][positions]).to(self.dtype)
+        return self.combine(torch.cat([self.fuse(features.to(self.dtype)), embedded], dim=-1))
 
     def self_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         return tuple(self._heads(p) for p in self.qkv(self.self_norm(x)).split(self.config.d_model, dim=-1))
@@ -232,10 +242,12 @@ def check_fits(config: DraftConfig, target: WhisperTarget) -> None:
         )
 
 
-def random_draft(target: WhisperTarget, audio: bool = True, seed: int = 0, **overrides) -> Draft:
+def random_draft(
+    target: WhisperTarget, audio: bool = True, seed: int = 0, dtype: torch.dtype | None = None, **overrides
+) -> Draft:
     """An untrained draft with seeded weights: valid for lossless checks, useless for speed."""
     torch.manual_seed(seed)
-    return Draft(DraftConfig.for_target(target, audio=audio, **overrides)).attach(target).eval()
+    return Draft(DraftConfig.for_target(target, audio=audio, **overrides)).attach(target, dtype).eval()
 
 
 def save_draft(draft: Draft, path: Path, dtype: torch.dtype = torch.float16) -> None:
@@ -248,8 +260,9 @@ def save_draft(draft: Draft, path: Path, dtype: torch.dtype = torch.float16) -> 
     (path / "config.json").write_text(json.dumps(asdict(draft.config), indent=2))
 
 
-def load_draft(path: Path, target: WhisperTarget) -> Draft:
-    """A saved draft attached to `target`; fails clearly when it was made for a different target."""
+def load_draft(path: Path, target: WhisperTarget, dtype: torch.dtype | None = None) -> Draft:
+    """A saved draft attached to `target` (in `dtype`, the target's by default); fails clearly when it was made
+    for a different target."""
     path = Path(path)
     config_file, weights_file = path / "config.json", path / "draft.safetensors"
     if not (config_file.is_file() and weights_file.is_file()):
@@ -269,7 +282,7 @@ def load_draft(path: Path, target: WhisperTarget) -> Draft:
         draft.load_state_dict(weights)
     except RuntimeError as error:
         raise DraftMismatchError(f"{weights_file} does not match its config: {error}") from error
-    return draft.attach(target).eval().requires_grad_(False)
+    return draft.attach(target, dtype).eval().requires_grad_(False)
 
 
 SHIPPED_DRAFTS = Path(__file__).resolve().parents[1] / "drafts"
@@ -281,9 +294,9 @@ def shipped_drafts(target: str | None = None) -> list[str]:
     return [n for n in names if target is None or n.startswith(f"{target}/")]
 
 
-def resolve_draft(name: str, target: WhisperTarget) -> Draft:
+def resolve_draft(name: str, target: WhisperTarget, dtype: torch.dtype | None = None) -> Draft:
     """A draft by name: `random` / `random-no-audio`, a shipped name, or a checkpoint folder."""
     if name in ("random", "random-no-audio"):
-        return random_draft(target, audio=name == "random")
+        return random_draft(target, audio=name == "random", dtype=dtype)
     shipped = SHIPPED_DRAFTS / name
-    return load_draft(shipped if (shipped / "config.json").is_file() else Path(name), target)
+    return load_draft(shipped if (shipped / "config.json").is_file() else Path(name), target, dtype)

@@ -69,11 +69,12 @@ class Trace:
     clip_id: str
     target: str
     device: str
-    dtype: str
+    dtype: str  # the target's
     tokens: list[int]
     text: str
     timings: Timings = field(default_factory=Timings)
     draft: str = "none"  # name and hash, or "none" for autoregressive greedy
+    draft_dtype: str | None = None
     k: int = 0
     window: str = "unrestricted"
     half_width_ms: float = 0.0

@@ -27,6 +27,7 @@ def test_dashboard_reports_bad_audio_without_crashing():
 def test_dashboard_shows_acceptance_and_drift_for_a_draft(sample_clips):
     app = AppTest.from_file(APP, default_timeout=180).run()
     app.selectbox[3].set_value("random").run()
+    app.selectbox[4].set_value("float16").run()
     app.file_uploader[0].upload("clip.wav", sample_clips[0].path.read_bytes()).run()
     assert not app.exception and not app.error
     assert "cooler judgment" in " ".join(m.value for m in app.markdown)

@@ -48,6 +48,16 @@ def test_decode_json_has_rounds_metrics_and_timings(capsys, sample_clips):
     assert {"a1", "a2c", "s", "L", "tokens_per_round"} <= set(record["metrics"])
     assert record["metrics"]["s"][0] == 1.0 and len(record["metrics"]["s"]) == 4
     assert {"features", "encoder", "draft", "verify", "total"} <= set(record["timings"])
+    assert record["dtype"] == record["draft_dtype"] == "float32"
+
+
+def test_decode_with_a_float16_draft_keeps_the_greedy_tokens(capsys, sample_clips):
+    clip = str(sample_clips[0].path)
+    assert main(["decode", clip, "--draft", "whisper-tiny.en/control", "--draft-dtype", "float16", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert main(["transcribe", clip, "--json"]) == 0
+    assert record["tokens"] == json.loads(capsys.readouterr().out)["tokens"]
+    assert (record["dtype"], record["draft_dtype"]) == ("float32", "float16")
 
 
 def test_decode_reference_file_errors_are_user_errors(capsys, sample_clips, tmp_path):

@@ -136,6 +136,25 @@ def test_shipped_drafts_load_and_decode_losslessly(name, sample_clips, request):
     assert trace.tokens == greedy_tokens(target, target.encode(target.features(audio)))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_half_precision_draft_on_a_float32_target_stays_lossless_and_is_recorded(tiny_en, sample_clips, dtype):
+    from specasr.audio import load_audio
+    from specasr.decode import SpeculativeConfig, greedy_tokens, speculative_transcribe
+
+    full = resolve_draft("whisper-tiny.en/anchordraft", tiny_en)
+    half = resolve_draft("whisper-tiny.en/anchordraft", tiny_en, dtype=dtype)
+    assert half.dtype == dtype and full.dtype == tiny_en.dtype == torch.float32
+    if dtype == torch.float16:  # the checkpoint's own precision: the same weights, only computed differently
+        assert half.weights_hash() == full.weights_hash()
+    for clip in sample_clips[:2]:
+        audio = load_audio(clip.path)
+        trace = speculative_transcribe(tiny_en, half, audio, SpeculativeConfig(k=4, keep_attention=True), clip.id)
+        assert trace.tokens == greedy_tokens(tiny_en, tiny_en.encode(tiny_en.features(audio)))
+        assert trace.draft_dtype == str(dtype).removeprefix("torch.") and trace.dtype == "float32"
+        assert sum(r.accepted for r in trace.rounds) > 0  # still a working draft, not just a lossless one
+        assert all(len(s.attention) == trace.valid_frames for s in trace.steps)
+
+
 def test_shipped_drafts_cover_both_targets_and_the_three_variants_and_stay_small():
     from specasr.targets.builtin import BUILTIN_TARGETS
 
