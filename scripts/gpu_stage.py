@@ -25,15 +25,10 @@ from pathlib import Path
 from specasr.cache import cache_dir
 from specasr.dataset import DEFAULT_SPEECH_DIR, TRAIN_SPEECH_DIR, load_manifest, spread
 from specasr.targets.builtin import BUILTIN_TARGETS, builtin_model_dir
-from specasr.trainset import SENTENCES, SHARD_SIZE, feature_key
+from specasr.trainset import SENTENCES, SHARD_SIZE, feature_key, training_sources
 
 WHEELS = Path(".whl")
 TRAIN_TARGET = "whisper-tiny.en"
-TRAIN_SOURCES = (
-    ("train-speech", {"count": 251}),
-    ("espeak", {"count": 400, "seed": 0}),
-    ("hibari", {"count": 200, "seed": 0}),
-)
 
 
 def target_files(targets: list[str]) -> list[tuple[str, bytes]]:
@@ -66,13 +61,14 @@ def training_shard(target: str = TRAIN_TARGET) -> list[tuple[str, bytes]]:
 
 
 def training_cache(target: str = TRAIN_TARGET) -> list[tuple[str, bytes]]:
-    """Every file of the target's feature cache for the default training sources; refuses an incomplete one."""
+    """Every file of the target's feature cache for the default training sources (`python -m specasr train`'s
+    --real 251 --espeak 400 --hibari 200); refuses an incomplete one."""
     items = []
-    for source, settings in TRAIN_SOURCES:
-        _, name = feature_key(source, settings)
+    for source in training_sources(real=251, espeak=400, hibari=200):
+        _, name = feature_key(source.name, source.settings)
         folder = cache_dir() / "train" / target / name
         shards = sorted(folder.glob("shard-*.safetensors"))
-        if len(shards) != -(-settings["count"] // SHARD_SIZE):
+        if len(shards) != -(-source.count // SHARD_SIZE):
             raise SystemExit(f"{folder} is incomplete: run `python -m specasr train --target {target}` here first")
         items += [(f"train/{target}/{name}/{p.name}", p.read_bytes()) for p in [folder / "settings.json", *shards]]
     return items
