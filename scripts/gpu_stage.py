@@ -51,8 +51,10 @@ def split(relative: str, data: bytes, step: int = 1024 * 1024) -> list[tuple[str
 
 def training_shard(target: str = TRAIN_TARGET) -> list[tuple[str, bytes]]:
     """The first shard of the 200-clip hibari cache holds exactly the clips a 64-clip hibari source would."""
-    _, full = feature_key("hibari", {"count": 200, "seed": 0})
-    key, small = feature_key("hibari", {"count": SHARD_SIZE, "seed": 0})
+    (full_source,) = training_sources(real=0, espeak=0, hibari=200)
+    (small_source,) = training_sources(real=0, espeak=0, hibari=SHARD_SIZE)
+    _, full = feature_key(full_source.name, full_source.settings)
+    key, small = feature_key(small_source.name, small_source.settings)
     shard = (cache_dir() / "train" / target / full / "shard-0000.safetensors").read_bytes()
     return [
         (f"train/{target}/{small}/shard-0000.safetensors", shard),
