@@ -5,30 +5,35 @@ import plotly.graph_objects as go
 import streamlit as st
 import torch
 
-from specasr.align import AlignerUnavailableError, AlignmentError, align_tokens, get_aligner
-from specasr.audio import SAMPLE_RATE, AudioError, load_audio
-from specasr.decode import WINDOWS, SpeculativeConfig, speculative_transcribe, transcribe
-from specasr.draft import DraftMismatchError, resolve_draft, shipped_drafts
+from specasr.align import AlignerUnavailableError, AlignmentError
+from specasr.audio import SAMPLE_RATE, AudioError, Clip, load_audio
+from specasr.draft import DraftMismatchError, shipped_drafts
 from specasr.metrics import acceptance
-from specasr.targets import BUILTIN_TARGETS, DTYPES, FRAME_SECONDS, TargetUnavailableError, WhisperTarget, load_target
-from specasr.trace import Trace
+from specasr.pipeline import Pipeline
+from specasr.store import Store, StoreError
+from specasr.targets import BUILTIN_TARGETS, DTYPES, FRAME_SECONDS, TargetUnavailableError
+from specasr.trace import Settings, Trace
+from specasr.windows import WINDOWS
+
+DECODE_ERRORS = (AudioError, TargetUnavailableError, AlignmentError, AlignerUnavailableError, DraftMismatchError)
 
 
-@st.cache_resource(show_spinner="Loading target (the first load converts the bundled weights once)…")
-def cached_target(name: str, device: str, dtype: str) -> WhisperTarget:
-    return load_target(name, device, dtype)
+@st.cache_resource(show_spinner=False)
+def cached_pipeline() -> Pipeline:
+    """One pipeline per server: targets and drafts load once, and every decode is kept in the run store."""
+    return Pipeline(Store())
 
 
-def drift_figure(trace: Trace, reference: list[int | None] | None, layer: int) -> go.Figure:
+def drift_figure(trace: Trace, layer: int) -> go.Figure:
     """Per transcript token: the draft's audio attention peak, the target's verification peak, the aligner's frame."""
     figure = go.Figure()
+    start = {r.index: r.start for r in trace.rounds}
     steps = [s for s in trace.steps if s.draft_peak is not None]
     for accepted, name, colour in (
         (True, "draft peak (accepted)", "#2ca02c"),
         (False, "draft peak (rejected)", "#d62728"),
     ):
         chosen = [s for s in steps if s.accepted == accepted]
-        start = {r.index: r.start for r in trace.rounds}
         figure.add_scatter(
             x=[start[s.round] + s.depth - 1 for s in chosen],
             y=[s.draft_peak * FRAME_SECONDS for s in chosen],
@@ -43,10 +48,10 @@ def drift_figure(trace: Trace, reference: list[int | None] | None, layer: int) -
         mode="lines+markers",
         name=f"verification peak, layer {layer}",
     )
-    if reference:
+    if trace.reference_frames:
         figure.add_scatter(
-            x=list(range(len(reference))),
-            y=[None if f is None else f * FRAME_SECONDS for f in reference],
+            x=list(range(len(trace.reference_frames))),
+            y=[None if f is None else f * FRAME_SECONDS for f in trace.reference_frames],
             mode="lines",
             name="forced alignment",
             line={"dash": "dot"},
@@ -69,33 +74,38 @@ draft_name = left.selectbox("Draft", ["none (greedy)", *shipped_drafts(target_na
 draft_dtype = middle.selectbox("Draft dtype", ["as the target", *DTYPES], help="float16 drafts run faster on a CPU")
 window = right.selectbox("Draft attention window", WINDOWS)
 k = far.slider("K (proposals per round)", 1, 16, 4)
-upload = st.file_uploader("Audio clip (wav, flac, ogg, mp3, m4a; at most 30 s)")
+upload = st.file_uploader("Audio clip (wav, flac, ogg, mp3, m4a; up to 10 minutes, decoded in 30 s windows)")
 
 if upload is not None:
+    pipeline = cached_pipeline()
+    greedy_settings = Settings(target=target_name, device=device, dtype=dtype)
     try:
-        audio = load_audio(upload)
-        target = cached_target(target_name, device, dtype)
-    except (AudioError, TargetUnavailableError) as error:
+        clip = Clip(upload.name, load_audio(upload))
+        st.audio(clip.audio, sample_rate=SAMPLE_RATE)
+        with st.spinner("Transcribing (the first use of a target converts its bundled weights once)…"):
+            greedy = pipeline.decode(clip, greedy_settings)
+        trace = greedy
+        if draft_name != "none (greedy)":
+            settings = Settings(
+                target=target_name,
+                device=device,
+                dtype=dtype,
+                draft=draft_name,
+                draft_dtype=None if draft_dtype == "as the target" else draft_dtype,
+                k=k,
+                window=window,
+                reference="always",
+            )
+            with st.spinner("Speculative decoding…"):
+                trace = pipeline.decode(clip, settings)
+        runs = [pipeline.store.write_run([t], "dashboard") for t in ([greedy] if trace is greedy else [greedy, trace])]
+    except (*DECODE_ERRORS, StoreError, ValueError) as error:
         st.error(str(error))
         st.stop()
-    st.audio(audio, sample_rate=SAMPLE_RATE)
-    with st.spinner("Transcribing…"):
-        greedy = transcribe(target, audio, clip_id=upload.name)
-    if draft_name == "none (greedy)":
-        trace = greedy
-    else:
-        try:
-            reference = align_tokens(get_aligner(), target, audio, greedy.tokens).frames if greedy.tokens else None
-            draft = resolve_draft(draft_name, target, DTYPES.get(draft_dtype))
-            config = SpeculativeConfig(k=k, window=window)
-            with st.spinner("Speculative decoding…"):
-                trace = speculative_transcribe(target, draft, audio, config, upload.name, reference)
-        except (AlignmentError, AlignerUnavailableError, DraftMismatchError, ValueError) as error:
-            st.error(str(error))
-            st.stop()
     st.subheader("Transcript")
     st.write(trace.text or "*(no speech recognized)*")
-    timings = pd.DataFrame([trace.timings.as_dict()]).T.rename(columns={0: "seconds"})
+    st.caption(f"Decoded on {trace.settings.device}; kept in the run store as run {runs[-1]}.")
+    timings = pd.DataFrame([trace.phase_seconds()]).T.rename(columns={0: "seconds"})
     left, right = st.columns(2)
     left.dataframe(timings)
     right.metric("Tokens", len(trace.tokens))
@@ -109,4 +119,5 @@ if upload is not None:
         columns[2].metric("L (accepted per round)", f"{accepted.L:.2f}")
         columns[3].metric("Rounds", accepted.rounds)
         st.subheader("Alignment drift")
-        st.plotly_chart(drift_figure(trace, reference, target.runtime_layer))
+        layer = trace.settings.runtime_layer
+        st.plotly_chart(drift_figure(trace, pipeline.target(trace.settings).runtime_layer if layer is None else layer))

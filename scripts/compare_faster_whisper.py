@@ -11,12 +11,11 @@ import argparse
 import ctranslate2
 from tqdm import tqdm
 
-from specasr.audio import load_audio
 from specasr.dataset import DEFAULT_SPEECH_DIR, load_manifest
-from specasr.decode import greedy_tokens
 from specasr.metrics import word_error_rate
-from specasr.targets import load_target
+from specasr.pipeline import Pipeline
 from specasr.targets.builtin import bundled_ct2_dir
+from specasr.trace import Settings
 
 
 def ct2_greedy(model: ctranslate2.models.Whisper, features, prompt: tuple[int, ...]) -> list[int]:
@@ -31,14 +30,15 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=None)
     args = parser.parse_args()
 
-    target = load_target(args.target)
+    pipeline, settings = Pipeline(), Settings(target=args.target, verify_peaks=False)
+    target = pipeline.target(settings)
     peer = ctranslate2.models.Whisper(str(bundled_ct2_dir(args.target)), device="cpu", compute_type="float32")
     utterances = load_manifest(args.speech_dir)[: args.limit]
     ours, theirs = [], []
     for utterance in tqdm(utterances, unit="utt"):
-        features = target.features(load_audio(utterance.path))
-        ours.append(greedy_tokens(target, target.encode(features)))
-        theirs.append(ct2_greedy(peer, features, target.prompt))
+        clip = utterance.clip()
+        ours.append(pipeline.decode(clip, settings).tokens)
+        theirs.append(ct2_greedy(peer, target.features(clip.audio), target.prompt))
     same = sum(a == b for a, b in zip(ours, theirs, strict=True))
     references = [u.text for u in utterances]
     print(f"{args.target}: token-exact on {same}/{len(utterances)} clips ({100 * same / len(utterances):.1f}%)")

@@ -9,13 +9,13 @@ vs control).
 import argparse
 from pathlib import Path
 
-from specasr.audio import load_audio
 from specasr.bench import benchmark, summary
 from specasr.dataset import DEFAULT_SPEECH_DIR, load_manifest, spread
-from specasr.decode import SpeculativeConfig
-from specasr.draft import resolve_draft, shipped_drafts
+from specasr.draft import shipped_drafts
 from specasr.metrics import acceptance, paired_bootstrap
-from specasr.targets import DTYPES, load_target
+from specasr.pipeline import Pipeline
+from specasr.targets import DTYPES
+from specasr.trace import Settings
 
 CONTRASTS = (("no-audio", "control"), ("no-audio", "anchordraft"), ("control", "anchordraft"))
 
@@ -33,25 +33,38 @@ def main() -> None:
     parser.add_argument("--draft-dtype", default=None, choices=list(DTYPES), help="default: the target's")
     args = parser.parse_args()
 
-    target = load_target(args.target, args.device, args.dtype)
     names = shipped_drafts(args.target)
     if not names:
         raise SystemExit(f"no shipped drafts for {args.target} in drafts/")
-    draft_dtype = DTYPES[args.draft_dtype or args.dtype]
-    drafts = {name.split("/")[-1]: resolve_draft(name, target, draft_dtype) for name in names}
-    utterances = spread(load_manifest(args.speech_dir), args.clips)
-    clips = [(u.id, load_audio(u.path)) for u in utterances]
-    table, traces = benchmark(target, drafts, clips, SpeculativeConfig(k=args.k, window=args.window), args.repeats)
+    greedy = Settings(target=args.target, device=args.device, dtype=args.dtype)
+    arms = {"greedy": greedy} | {
+        name.split("/")[-1]: Settings(
+            target=args.target,
+            device=args.device,
+            dtype=args.dtype,
+            draft=name,
+            draft_dtype=args.draft_dtype,
+            k=args.k,
+            window=args.window,
+        )
+        for name in names
+    }
+    clips = [u.clip() for u in spread(load_manifest(args.speech_dir), args.clips)]
+    table, results = benchmark(Pipeline(), arms, clips, args.repeats)
     print(
-        f"{target.name}, K={args.k}, window={args.window}, {args.device} {args.dtype} "
+        f"{args.target}, K={args.k}, window={args.window}, {args.device} {args.dtype} "
         f"(drafts {args.draft_dtype or args.dtype}), "
         f"{len(clips)} clips x {args.repeats} repeats"
     )
-    print(summary(table, traces).to_string(index=False, float_format="%.3f"))
+    print(summary(table, results).to_string(index=False, float_format="%.3f"))
+    first = {
+        name: [t for t, r in zip(result.traces, result.repeats, strict=True) if r == 0]
+        for name, result in results.items()
+    }
     for a, b in CONTRASTS:
-        if a in traces and b in traces:
+        if a in first and b in first:
             for metric in ("a1", "a2c", "L"):
-                interval = paired_bootstrap(traces[a], traces[b], lambda t, m=metric: getattr(acceptance(t), m))
+                interval = paired_bootstrap(first[a], first[b], lambda t, m=metric: getattr(acceptance(t), m))
                 print(f"{b} - {a} {metric}: {interval.estimate:+.3f} [{interval.low:+.3f}, {interval.high:+.3f}]")
 
 

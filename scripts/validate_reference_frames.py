@@ -11,12 +11,11 @@ import argparse
 
 from tqdm import tqdm
 
-from specasr.align import align_tokens, get_aligner
-from specasr.audio import load_audio
 from specasr.dataset import DEFAULT_SPEECH_DIR, load_manifest
-from specasr.decode import greedy_tokens
 from specasr.metrics import choose_runtime_layer, peak_agreement
-from specasr.targets import FRAME_SECONDS, load_target
+from specasr.pipeline import Pipeline
+from specasr.targets import FRAME_SECONDS
+from specasr.trace import Settings
 
 
 def main() -> None:
@@ -28,22 +27,24 @@ def main() -> None:
     parser.add_argument("--half-width-ms", type=float, default=400.0)
     args = parser.parse_args()
 
-    target, aligner = load_target(args.target), get_aligner(args.aligner)
+    # Greedy decoding that records every layer's attention peak per token, and aligns its transcript.
+    settings = Settings(target=args.target, aligner=args.aligner, reference="always", verify_peaks=True)
+    pipeline = Pipeline()
     utterances = load_manifest(args.speech_dir)[: args.limit]
     peaks, frames, words, aligned = [], [], 0, 0
     for utterance in tqdm(utterances, unit="utt"):
-        audio = load_audio(utterance.path)
-        memory = target.encode(target.features(audio))
-        tokens = greedy_tokens(target, memory)
-        if not tokens:
+        clip = utterance.clip()
+        trace = pipeline.decode(clip, settings)
+        if not trace.tokens:
             continue
-        alignment = align_tokens(aligner, target, audio, tokens)
-        words += len(alignment.words)
-        aligned += sum(w.aligned for w in alignment.words)
-        peaks.append(target.attention_peaks(memory, tokens, target.valid_frames(len(audio))))
-        frames.append(alignment.frames)
+        reference = pipeline.reference(clip, settings)
+        words += len(reference.words)
+        aligned += sum(w.aligned for w in reference.words)
+        peaks.append([v.verify_peaks for v in trace.verified])
+        frames.append(trace.reference_frames)
     with_frame = sum(f is not None for u in frames for f in u)
     total = sum(len(u) for u in frames)
+    target = pipeline.target(settings)
     print(f"{args.target} on {len(frames)} utterances of {args.speech_dir}, aligner {args.aligner}")
     print(f"words aligned: {aligned}/{words} ({100 * aligned / words:.1f}%); tokens with a frame: {with_frame}/{total}")
     half_width = round(args.half_width_ms / 1000 / FRAME_SECONDS)

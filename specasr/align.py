@@ -12,18 +12,17 @@ import math
 import re
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from specasr.audio import SAMPLE_RATE
 from specasr.targets.whisper import FRAME_SECONDS
 
 if TYPE_CHECKING:
     from specasr.targets import WhisperTarget
-
-SAMPLE_RATE = 16000
 
 
 class AlignmentError(ValueError):
@@ -240,6 +239,7 @@ class PocketSphinxAligner:
         noise = np.random.default_rng(0).normal(0.0, 1e-4, samples.size).astype(np.float32)
         pcm = (np.clip(samples + noise, -1.0, 1.0) * 32767).astype(np.int16).tobytes()
         try:
+            self._decoder.reinit_feat()  # noise removal adapts across utterances: start each one afresh
             self._decoder.set_align_text(" ".join(words))
             self._decoder.start_utt()
             self._decoder.process_raw(pcm, full_utt=True)
@@ -386,6 +386,25 @@ def char_times_from_words(text: str, words: list[WordTime]) -> list[float | None
         else:
             times += [None] * len(characters)
     return times
+
+
+@dataclass(frozen=True)
+class ClipReference:
+    """A clip's transcript tokens, window by window, with each token's reference frame and each word's times, all
+    counted from the clip's start."""
+
+    source: str  # the aligner, or "file" for frames a user supplied
+    window_tokens: list[list[int]]
+    frames: list[int | None]  # one per token, in transcript order
+    words: list[WordTime] = field(default_factory=list)
+
+    def window_frames(self, index: int, start_frame: int) -> list[int | None]:
+        """The frames of window `index`'s tokens, counted from the window's start."""
+        frames = self.frames
+        if len(self.window_tokens) > 1:
+            first = sum(len(tokens) for tokens in self.window_tokens[:index])
+            frames = frames[first : first + len(self.window_tokens[index])]
+        return [None if f is None else f - start_frame for f in frames]
 
 
 @dataclass

@@ -1,18 +1,67 @@
-"""Load a clip from a path, raw bytes or an upload, check it, and return what Whisper expects: 16 kHz float32 mono."""
+"""Load a clip from a path, raw bytes or an upload, check it, and return what Whisper expects: 16 kHz float32 mono.
+Long clips are cut into windows at quiet points (`split_windows`)."""
 
+import hashlib
 import io
 import itertools
 import os
-from typing import BinaryIO
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 import soundfile as sf
 import soxr
 
+if TYPE_CHECKING:
+    from specasr.align import WordTime
+
 SAMPLE_RATE = 16000
-DEFAULT_MAX_SECONDS = 30.0  # one Whisper window; the encoder would silently drop anything after it
+DEFAULT_MAX_SECONDS = 600.0  # ten minutes; longer recordings are refused unless a higher limit is asked for
 MIN_SECONDS = 0.1  # five encoder frames; anything shorter holds no word
 SILENCE_PEAK = 1e-4  # about 3 LSB of 16-bit PCM, so dither and DC noise still count as silence
+CUT_SEARCH_SECONDS = 5.0  # a long clip is cut at the quietest point within this much before each window's end
+QUIET_SMOOTHING = 5  # frames of energy averaged when looking for the quietest point
+
+
+@dataclass(frozen=True, eq=False)
+class Clip:
+    """A validated clip (16 kHz float32 mono) and what is known about it."""
+
+    id: str
+    audio: np.ndarray
+    text: str = ""  # its reference transcript, where one exists
+    dataset: str = ""
+    words: "tuple[WordTime, ...] | None" = None  # exact times of the spoken words (synthesized speech)
+
+    @cached_property
+    def hash(self) -> str:
+        """Identifies the audio itself, whatever the clip is called."""
+        return hashlib.sha256(self.audio.tobytes()).hexdigest()[:16]
+
+    @property
+    def seconds(self) -> float:
+        return len(self.audio) / SAMPLE_RATE
+
+
+def split_windows(audio: np.ndarray, window: int, step: int) -> list[tuple[int, int]]:
+    """(start, end) sample ranges of consecutive windows of at most `window` samples covering the clip.
+
+    Each cut falls on a multiple of `step` samples (one encoder frame, so frames stay whole) at the quietest
+    point within the last CUT_SEARCH_SECONDS before the window would end.
+    """
+    n_samples = len(audio)
+    energy = np.square(audio[: n_samples // step * step].reshape(-1, step)).mean(axis=1)
+    quiet = np.convolve(energy, np.ones(QUIET_SMOOTHING) / QUIET_SMOOTHING, mode="same")
+    search = int(CUT_SEARCH_SECONDS * SAMPLE_RATE) // step
+    windows, start = [], 0
+    while n_samples - start > window:
+        last = (start + window) // step  # the last frame boundary inside the window
+        first = max(last - search, start // step + 1)
+        cut = (first + int(np.argmin(quiet[first:last]))) * step
+        windows.append((start, cut))
+        start = cut
+    return [*windows, (start, n_samples)]
 
 
 class AudioError(ValueError):
@@ -106,7 +155,7 @@ def _check_length(seconds: float, max_seconds: float, name: str) -> None:
     if seconds > max_seconds:
         raise AudioTooLongError(
             f"{name} is {seconds:.2f} s long, over the {max_seconds:g} s limit; "
-            "Whisper decodes 30 s windows, so split the clip into shorter pieces"
+            "raise the limit (--max-seconds) or split the clip into shorter pieces"
         )
 
 

@@ -1,17 +1,28 @@
-"""Greedy vs speculative decoding, timed end to end on the same clips in one process."""
+"""Greedy vs speculative decoding, timed end to end on the same clips in one process, both arms through the
+pipeline."""
 
 import statistics
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 
-import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from specasr.decode import SpeculativeConfig, speculative_transcribe, transcribe
-from specasr.draft import Draft
+from specasr.audio import Clip
 from specasr.metrics import acceptance, rho
-from specasr.targets import WhisperTarget
-from specasr.trace import Trace
+from specasr.pipeline import Pipeline
+from specasr.trace import Settings, Trace
+
+
+@dataclass
+class ArmResult:
+    """Every decode of one arm: clip by clip, repetition by repetition."""
+
+    settings: Settings
+    traces: list[Trace] = field(default_factory=list)
+    repeats: list[int] = field(default_factory=list)
+
+    def of_clip(self, clip_hash: str) -> list[Trace]:
+        return [t for t in self.traces if t.clip_hash == clip_hash]
 
 
 @dataclass
@@ -31,32 +42,34 @@ def _median(traces: list[Trace], phase: str) -> float:
 
 
 def benchmark(
-    target: WhisperTarget,
-    drafts: dict[str, Draft],
-    clips: list[tuple[str, np.ndarray]],
-    config: SpeculativeConfig,
-    repeats: int = 5,
-) -> tuple[pd.DataFrame, dict[str, list[Trace]]]:
-    """Per-clip medians of greedy and of each draft's speculative wall-clock, interleaved after one warm-up each.
+    pipeline: Pipeline, arms: dict[str, Settings], clips: list[Clip], repeats: int = 5
+) -> tuple[pd.DataFrame, dict[str, ArmResult]]:
+    """Decode every clip `repeats` times in every arm, interleaved, after one warm-up decode per arm.
 
-    Returns one row per clip and draft, and each draft's speculative traces of the last repetition.
+    `arms` maps names to settings; the first must be greedy (no draft), the baseline of the others. No arm records
+    verification peaks: the loop is timed, not the trace's diagnostics. Returns one row per clip and
+    speculative arm (medians over repetitions) and every arm's decodes.
     """
-    config = replace(config, verify_peaks=False)  # time the loop, not the per-layer trace
-    transcribe(target, clips[0][1])
-    for draft in drafts.values():
-        speculative_transcribe(target, draft, clips[0][1], config)
-    rows, traces = [], {name: [] for name in drafts}
-    for clip_id, audio in tqdm(clips, desc="bench", unit="clip"):
-        greedy, speculative = [], {name: [] for name in drafts}
-        for _ in range(repeats):
-            greedy.append(transcribe(target, audio, clip_id))
-            for name, draft in drafts.items():
-                speculative[name].append(speculative_transcribe(target, draft, audio, config, clip_id))
-        for name, runs in speculative.items():
-            traces[name].append(runs[-1])
+    (baseline, *drafted) = arms
+    if arms[baseline].draft is not None:
+        raise ValueError("the first arm of a bench is the greedy baseline")
+    arms = {name: replace(settings, verify_peaks=False) for name, settings in arms.items()}
+    for settings in arms.values():
+        pipeline.decode(clips[0], settings)
+    results = {name: ArmResult(pipeline.resolved(settings)) for name, settings in arms.items()}
+    for clip in tqdm(clips, desc="bench", unit="clip"):
+        for repeat in range(repeats):
+            for name, settings in arms.items():
+                results[name].traces.append(pipeline.decode(clip, settings))
+                results[name].repeats.append(repeat)
+    rows = []
+    for clip in clips:
+        greedy = results[baseline].of_clip(clip.hash)
+        for name in drafted:
+            runs = results[name].of_clip(clip.hash)
             rows.append(
                 ClipTiming(
-                    clip_id=clip_id,
+                    clip_id=clip.id,
                     draft=name,
                     tokens=len(greedy[0].tokens),
                     greedy_decode=_median(greedy, "decode"),
@@ -69,14 +82,19 @@ def benchmark(
     table = pd.DataFrame([asdict(r) for r in rows])
     table["decode_speedup"] = table.greedy_decode / table.speculative_decode
     table["total_speedup"] = table.greedy_total / table.speculative_total
-    return table, traces
+    return table, results
 
 
-def summary(table: pd.DataFrame, traces: dict[str, list[Trace]]) -> pd.DataFrame:
-    """One row per draft: speedups (median over clips and pooled over time), acceptance, rho, lossless clips."""
+def summary(table: pd.DataFrame, results: dict[str, ArmResult]) -> pd.DataFrame:
+    """One row per draft: speedups (median over clips and pooled over time), acceptance, rho, lossless clips.
+
+    Acceptance is counted on the first repetition (every repetition decodes the same tokens); rho on all of them.
+    """
     rows = []
     for name, runs in table.groupby("draft", sort=False):
-        accepted = acceptance(traces[name])
+        result = results[name]
+        first = [t for t, repeat in zip(result.traces, result.repeats, strict=True) if repeat == 0]
+        accepted = acceptance(first)
         rows.append(
             {
                 "draft": name,
@@ -88,7 +106,7 @@ def summary(table: pd.DataFrame, traces: dict[str, list[Trace]]) -> pd.DataFrame
                 "L": accepted.L,
                 "a1": accepted.a1,
                 "a2c": accepted.a2c,
-                "rho": rho(traces[name]),
+                "rho": rho(result.traces),
                 "greedy_ms_per_token": 1000 * runs.greedy_decode.sum() / runs.tokens.sum(),
                 "lossless_clips": int(runs.same_tokens.sum()),
             }

@@ -1,25 +1,28 @@
-"""python -m specasr ...: transcribe, decode, align, eval, bench, train, drafts."""
+"""python -m specasr ...: transcribe, decode, align, eval, bench, runs, train, drafts."""
 
 import argparse
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import torch.distributed as dist
 from tqdm import tqdm
 
-from specasr.align import ALIGNERS, AlignerUnavailableError, AlignmentError, align_tokens, get_aligner
-from specasr.audio import AudioError, load_audio
+from specasr.align import ALIGNERS, AlignerUnavailableError, AlignmentError, get_aligner
+from specasr.audio import DEFAULT_MAX_SECONDS, AudioError, Clip, load_audio
 from specasr.bench import benchmark, summary
 from specasr.cache import cache_dir
 from specasr.dataset import DEFAULT_SPEECH_DIR, load_manifest, spread
-from specasr.decode import WINDOWS, SpeculativeConfig, greedy_tokens, speculative_transcribe, transcribe
-from specasr.draft import Draft, DraftMismatchError, resolve_draft, shipped_drafts
+from specasr.draft import DraftMismatchError, shipped_drafts
 from specasr.metrics import acceptance, anchor_error_by_depth, word_error_rate
-from specasr.targets import BUILTIN_TARGETS, DTYPES, FRAME_SECONDS, TargetUnavailableError, WhisperTarget, load_target
-from specasr.trace import Trace
+from specasr.pipeline import Pipeline
+from specasr.store import Store, StoreError, default_db_path
+from specasr.targets import BUILTIN_TARGETS, DTYPES, FRAME_SECONDS, TargetUnavailableError, load_target
+from specasr.trace import Settings, Trace
 from specasr.train import VARIANTS, TrainConfig, distributed, train
 from specasr.trainset import data_hash, prepare_examples, training_sources
+from specasr.windows import WINDOWS
 
 
 class UsageError(ValueError):
@@ -33,6 +36,7 @@ USER_ERRORS = (
     AlignmentError,
     AlignerUnavailableError,
     FileNotFoundError,
+    StoreError,
     UsageError,
 )
 
@@ -52,37 +56,10 @@ def _add_target_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="float32", choices=list(DTYPES))
 
 
-def cmd_transcribe(args: argparse.Namespace) -> None:
-    audio = load_audio(args.audio)
-    target = load_target(args.target, args.device, args.dtype)
-    trace = transcribe(target, audio, clip_id=Path(args.audio).stem)
-    if args.json:
-        record = {
-            "text": trace.text,
-            "tokens": trace.tokens,
-            "target": trace.target,
-            "device": trace.device,
-            "dtype": trace.dtype,
-            "timings": trace.timings.as_dict(),
-        }
-        print(json.dumps(record))
-    else:
-        print(trace.text)
-
-
-def cmd_eval(args: argparse.Namespace) -> None:
-    utterances = load_manifest(args.speech_dir)[: args.limit]
-    target = load_target(args.target, args.device, args.dtype)
-    hypotheses, seconds = [], 0.0
-    for utterance in tqdm(utterances, desc=f"greedy {target.name}", unit="utt"):
-        trace = transcribe(target, load_audio(utterance.path), clip_id=utterance.id)
-        hypotheses.append(trace.text)
-        seconds += trace.timings.total
-    wer = word_error_rate([u.text for u in utterances], hypotheses)
-    audio_seconds = sum(u.duration for u in utterances)
-    print(f"{target.name} {args.device} {args.dtype}: WER {100 * wer:.2f}% on {len(utterances)} utterances")
-    print(
-        f"{seconds:.1f} s to transcribe {audio_seconds:.1f} s of audio (real-time factor {seconds / audio_seconds:.3f})"
+def _add_clip_options(parser: argparse.ArgumentParser) -> None:
+    _add_target_options(parser)
+    parser.add_argument(
+        "--max-seconds", type=float, default=DEFAULT_MAX_SECONDS, help="longest clip accepted (decoded in 30 s windows)"
     )
 
 
@@ -100,35 +77,92 @@ def _add_speculative_options(parser: argparse.ArgumentParser, several_drafts: bo
     parser.add_argument("--half-width-ms", type=float, default=400.0)
     parser.add_argument("--runtime-layer", type=int, default=None, help="target decoder layer (0-based) for runtime")
     parser.add_argument("--threshold", type=float, default=0.0, help="stop proposing below this draft confidence")
+    parser.add_argument(
+        "--reference",
+        default="auto",
+        help="reference frames: auto (aligned when the window needs them), always, never, or a JSON file "
+        "with one frame per transcript token",
+    )
+    parser.add_argument("--aligner", default="pocketsphinx", choices=list(ALIGNERS))
 
 
-def _speculative_config(args: argparse.Namespace) -> SpeculativeConfig:
+def _add_store_options(parser: argparse.ArgumentParser, optional: bool = True) -> None:
+    parser.add_argument(
+        "--db", type=Path, default=None, help=f"run store (default {default_db_path()}, or $SPECASR_DB)"
+    )
+    if optional:
+        parser.add_argument("--no-store", action="store_true", help="do not keep this run in the store")
+
+
+def _settings(args: argparse.Namespace, draft: str | None = None) -> Settings:
+    """Settings from the parsed options; `draft` None asks for greedy decoding."""
+    values = {"target": args.target, "device": args.device, "dtype": args.dtype, "max_seconds": args.max_seconds}
+    if draft is not None:
+        values |= {
+            "draft": draft,
+            "draft_dtype": args.draft_dtype,
+            "k": args.k,
+            "window": args.window,
+            "half_width_ms": args.half_width_ms,
+            "runtime_layer": args.runtime_layer,
+            "threshold": args.threshold,
+            "reference": args.reference,
+            "aligner": args.aligner,
+        }
     try:
-        return SpeculativeConfig(
-            k=args.k,
-            window=args.window,
-            half_width_ms=args.half_width_ms,
-            runtime_layer=args.runtime_layer,
-            threshold=args.threshold,
-        )
+        return Settings(**values)
     except ValueError as error:
         raise UsageError(str(error)) from error
 
 
-def _reference(path: str | None, target: WhisperTarget, audio) -> list[int | None] | None:
-    """Reference frames from a JSON file, or with `auto` from force-aligning the target's greedy transcript."""
-    if path is None:
-        return None
-    if path == "auto":
-        tokens = greedy_tokens(target, target.encode(target.features(audio)))
-        return align_tokens(get_aligner(), target, audio, tokens).frames
+def _store(args: argparse.Namespace) -> Store | None:
+    return None if getattr(args, "no_store", False) else Store(args.db)
+
+
+def _clip(path: str, args: argparse.Namespace) -> Clip:
+    return Clip(Path(path).stem, load_audio(path, args.max_seconds))
+
+
+def _decode(pipeline: Pipeline, clip: Clip, settings: Settings) -> Trace:
     try:
-        frames = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise UsageError(f"cannot read reference frames from {path}: {error}") from error
-    if not isinstance(frames, list) or not all(f is None or isinstance(f, int) for f in frames):
-        raise UsageError(f"{path} must hold a JSON list of frame numbers (or null), one per transcript token")
-    return frames
+        return pipeline.decode(clip, settings)
+    except ValueError as error:  # a window without reference frames, a runtime layer out of range, a bad file
+        if isinstance(error, USER_ERRORS):
+            raise
+        raise UsageError(str(error)) from error
+
+
+def cmd_transcribe(args: argparse.Namespace) -> None:
+    trace = _decode(Pipeline(), _clip(args.audio, args), _settings(args))
+    if args.json:
+        record = {
+            "text": trace.text,
+            "tokens": trace.tokens,
+            "target": trace.settings.target,
+            "device": trace.settings.device,
+            "dtype": trace.settings.dtype,
+            "segments": [asdict(s) for s in trace.segments],
+            "timings": trace.phase_seconds(),
+        }
+        print(json.dumps(record))
+    else:
+        print(trace.text)
+
+
+def cmd_eval(args: argparse.Namespace) -> None:
+    utterances = load_manifest(args.speech_dir)[: args.limit]
+    pipeline, settings = Pipeline(), _settings(args)
+    traces = [
+        _decode(pipeline, u.clip(args.max_seconds), settings)
+        for u in tqdm(utterances, desc=f"greedy {args.target}", unit="utt")
+    ]
+    wer = word_error_rate([u.text for u in utterances], [t.text for t in traces])
+    seconds = sum(t.timings.total for t in traces)
+    audio_seconds = sum(u.duration for u in utterances)
+    print(f"{args.target} {args.device} {args.dtype}: WER {100 * wer:.2f}% on {len(utterances)} utterances")
+    print(
+        f"{seconds:.1f} s to transcribe {audio_seconds:.1f} s of audio (real-time factor {seconds / audio_seconds:.3f})"
+    )
 
 
 def _round_records(trace: Trace) -> list[dict]:
@@ -138,6 +172,7 @@ def _round_records(trace: Trace) -> list[dict]:
         verified = [v for v in trace.verified if r.start <= v.position <= r.start + r.accepted]
         records.append(
             {
+                "segment": r.segment,
                 "proposed": r.proposed,
                 "accepted": r.accepted,
                 "target_token": r.target_token,
@@ -152,93 +187,127 @@ def _round_records(trace: Trace) -> list[dict]:
     return records
 
 
-def _draft(name: str, target: WhisperTarget, args: argparse.Namespace) -> Draft:
-    return resolve_draft(name, target, DTYPES[args.draft_dtype] if args.draft_dtype else None)
-
-
 def cmd_decode(args: argparse.Namespace) -> None:
-    audio = load_audio(args.audio)
-    config = _speculative_config(args)
-    target = load_target(args.target, args.device, args.dtype)
-    reference = _reference(args.reference, target, audio)
-    try:
-        trace = speculative_transcribe(
-            target, _draft(args.draft, target, args), audio, config, Path(args.audio).stem, reference
-        )
-    except ValueError as error:  # a window that needs reference frames, a runtime layer out of range
-        raise UsageError(str(error)) from error
+    settings = _settings(args, draft=args.draft)
+    clip = _clip(args.audio, args)
+    store = _store(args)
+    trace = _decode(Pipeline(store), clip, settings)
+    run_id = store.write_run([trace], "decode") if store else None
     if not args.json:
         print(trace.text)
         return
     accepted = acceptance([trace]) if trace.rounds else None
+    has_frames = trace.reference_frames is not None and trace.steps
     record = {
+        "run_id": run_id,
         "text": trace.text,
         "tokens": trace.tokens,
-        "target": trace.target,
-        "draft": trace.draft,
-        "draft_dtype": trace.draft_dtype,
-        "k": trace.k,
-        "window": trace.window,
-        "device": trace.device,
-        "dtype": trace.dtype,
+        "settings": asdict(trace.settings),
+        "target": trace.settings.target,
+        "draft": trace.draft_name,
+        "draft_dtype": trace.settings.draft_dtype,
+        "k": trace.settings.k,
+        "window": trace.settings.window,
+        "device": trace.settings.device,
+        "dtype": trace.settings.dtype,
+        "reference_source": trace.reference_source,
+        "segments": [asdict(s) for s in trace.segments],
         "rounds": _round_records(trace),
+        "draft_steps": len(trace.steps),
         "metrics": {
             "a1": accepted and accepted.a1,
             "a2c": accepted and accepted.a2c,
             "s": accepted and accepted.s,
             "L": accepted and accepted.L,
             "tokens_per_round": accepted and accepted.tokens_per_round,
-            "anchor_error_by_depth": anchor_error_by_depth([trace]).to_dict("records") if reference else None,
+            "anchor_error_by_depth": anchor_error_by_depth([trace]).to_dict("records") if has_frames else None,
         },
-        "timings": trace.timings.as_dict(),
+        "timings": trace.phase_seconds(),
     }
     print(json.dumps(record))
 
 
 def cmd_align(args: argparse.Namespace) -> None:
-    audio = load_audio(args.audio)
-    aligner = get_aligner(args.aligner)
-    target = load_target(args.target, args.device, args.dtype)
+    settings = Settings(
+        target=args.target, device=args.device, dtype=args.dtype, aligner=args.aligner, max_seconds=args.max_seconds
+    )
+    clip, pipeline = _clip(args.audio, args), Pipeline()
     if args.text is not None:
-        tokens = target.tokenizer.encode(" " + args.text.strip(), add_special_tokens=False)
+        reference = pipeline.align_text(clip, settings, args.text)
     else:
-        tokens = greedy_tokens(target, target.encode(target.features(audio)))
-    alignment = align_tokens(aligner, target, audio, tokens)
-    pieces = [target.tokenizer.decode([t]) for t in tokens]
+        reference = pipeline.reference(clip, settings)
+    target = pipeline.target(settings)
+    tokens = [t for window in reference.window_tokens for t in window]
+    text = " ".join(target.decode_text(window) for window in reference.window_tokens if window)
     if args.json:
         record = {
-            "text": alignment.text,
+            "text": text,
             "target": target.name,
-            "aligner": aligner.name,
-            "words": [w.__dict__ for w in alignment.words],
+            "aligner": reference.source,
+            "words": [asdict(w) for w in reference.words],
             "tokens": tokens,
-            "frames": alignment.frames,
+            "frames": reference.frames,
             "frame_seconds": FRAME_SECONDS,
         }
         print(json.dumps(record))
         return
-    print(alignment.text)
-    for word in alignment.words:
+    print(text)
+    for word in reference.words:
         span = f"{word.start:7.2f} {word.end:7.2f}" if word.aligned else "  (not aligned)"
         print(f"  {span}  {word.word}")
-    for token, piece, frame in zip(tokens, pieces, alignment.frames, strict=True):
+    for token, frame in zip(tokens, reference.frames, strict=True):
+        piece = target.tokenizer.decode([token])
         print(f"  token {token:>6} {piece!r:>16}  frame {frame if frame is not None else '-'}")
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
     utterances = spread(load_manifest(args.speech_dir), args.clips)
-    config = _speculative_config(args)
-    target = load_target(args.target, args.device, args.dtype)
-    drafts = {name: _draft(name, target, args) for name in args.draft or ["random"]}
-    clips = [(u.id, load_audio(u.path)) for u in utterances]
-    table, traces = benchmark(target, drafts, clips, config, args.repeats)
+    arms = {"greedy": _settings(args)} | {name: _settings(args, draft=name) for name in args.draft or ["random"]}
+    clips = [u.clip(args.max_seconds) for u in utterances]
+    store = _store(args)
+    table, results = benchmark(Pipeline(store), arms, clips, args.repeats)
     print(table.to_string(index=False, float_format="%.4f"))
-    draft_dtype = args.draft_dtype or args.dtype
     print(
-        f"\n{target.name}, K={config.k}, window={config.window}, {args.device} {args.dtype} "
-        f"(drafts {draft_dtype}), {args.repeats} repeats"
+        f"\n{args.target}, K={args.k}, window={args.window}, {args.device} {args.dtype} "
+        f"(drafts {args.draft_dtype or args.dtype}), {args.repeats} repeats"
     )
-    print(summary(table, traces).to_string(index=False, float_format="%.3f"))
+    print(summary(table, results).to_string(index=False, float_format="%.3f"))
+    if store:
+        for name, result in results.items():
+            run_id = store.write_run(result.traces, "bench", result.repeats)
+            print(f"stored {name} as run {run_id} in {store.path}")
+
+
+def cmd_runs(args: argparse.Namespace) -> None:
+    store = Store(args.db)
+    if args.action == "list":
+        runs = store.runs(target=args.target, draft=args.draft, window=args.window, k=args.k)
+        if args.json:
+            print(runs.to_json(orient="records", date_format="iso"))
+        else:
+            print(runs.to_string(index=False) if len(runs) else f"no runs in {store.path}")
+        return
+    if args.run_id is None:
+        raise UsageError(f"runs {args.action} needs a run id (python -m specasr runs list)")
+    if args.action == "show":
+        traces = store.traces(args.run_id)
+        if args.json:
+            print(json.dumps([asdict(t) for t in traces]))
+        else:
+            print(store.run_summary([args.run_id]).T.to_string(header=False))
+            for trace in traces:
+                print(f"  {trace.clip_id}: {trace.text}")
+    elif args.action == "export":
+        if args.parquet is None:
+            raise UsageError("runs export needs --parquet DIR")
+        for path in store.export_runs([args.run_id], args.parquet):
+            print(path)
+    elif args.action == "delete":
+        store.delete_run(args.run_id)
+        print(f"deleted run {args.run_id} from {store.path}")
+    elif args.action == "import":
+        for run_id in store.import_runs(Path(args.run_id)):
+            print(f"imported run {run_id}")
 
 
 def cmd_train(args: argparse.Namespace) -> None:
@@ -280,26 +349,22 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     p = commands.add_parser("transcribe", help="greedy transcript of one clip")
-    p.add_argument("audio", help="wav, flac, ogg, mp3, m4a, ... (at most 30 s)")
-    _add_target_options(p)
+    p.add_argument("audio", help="wav, flac, ogg, mp3, m4a, ... (long clips are decoded in 30 s windows)")
+    _add_clip_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object with tokens and timings")
     p.set_defaults(run=cmd_transcribe)
 
     p = commands.add_parser("eval", help="greedy WER of a target on a speech set (manifest.tsv)")
     p.add_argument("--speech-dir", type=Path, default=DEFAULT_SPEECH_DIR)
     p.add_argument("--limit", type=int, default=None, help="only the first N utterances")
-    _add_target_options(p)
+    _add_clip_options(p)
     p.set_defaults(run=cmd_eval)
 
-    p = commands.add_parser("decode", help="speculative transcript of one clip, with its trace")
+    p = commands.add_parser("decode", help="speculative transcript of one clip, with its trace (kept in the store)")
     p.add_argument("audio")
-    _add_target_options(p)
+    _add_clip_options(p)
     _add_speculative_options(p)
-    p.add_argument(
-        "--reference",
-        default=None,
-        help="JSON list of reference frames, one per transcript token, or auto (align the greedy transcript)",
-    )
+    _add_store_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object with rounds, metrics and timings")
     p.set_defaults(run=cmd_decode)
 
@@ -307,9 +372,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("audio")
     p.add_argument("--text", default=None, help="the transcript to align (default: the target's greedy transcript)")
     p.add_argument("--aligner", default="pocketsphinx", choices=list(ALIGNERS))
-    _add_target_options(p)
+    _add_clip_options(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=cmd_align)
+
+    p = commands.add_parser("runs", help="the run store: list, show, export, import or delete runs")
+    p.add_argument("action", choices=["list", "show", "export", "import", "delete"])
+    p.add_argument("run_id", metavar="RUN", nargs="?", default=None, help="run id (import: an export's folder)")
+    p.add_argument("--parquet", type=Path, default=None, help="export: the folder for the Parquet files")
+    p.add_argument("--target", default=None, help="list: only runs of this target")
+    p.add_argument("--draft", default=None, help="list: only runs of this draft")
+    p.add_argument("--window", default=None, choices=WINDOWS, help="list: only runs with this window")
+    p.add_argument("--k", type=int, default=None, help="list: only runs with this K")
+    p.add_argument("--json", action="store_true")
+    _add_store_options(p, optional=False)
+    p.set_defaults(run=cmd_runs)
 
     p = commands.add_parser("train", help="train a draft (control, anchordraft or no-audio) for a target")
     _add_target_options(p)
@@ -337,8 +414,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--speech-dir", type=Path, default=DEFAULT_SPEECH_DIR)
     p.add_argument("--clips", type=int, default=20, help="N clips spread evenly over the manifest")
     p.add_argument("--repeats", type=int, default=5)
-    _add_target_options(p)
+    _add_clip_options(p)
     _add_speculative_options(p, several_drafts=True)
+    _add_store_options(p)
     p.set_defaults(run=cmd_bench)
     return parser
 

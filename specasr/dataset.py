@@ -4,6 +4,8 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
+from specasr.audio import DEFAULT_MAX_SECONDS, Clip, load_audio
+
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 DEFAULT_SPEECH_DIR = SHARED_DATA / "speech"  # evaluation only: never trained or tuned on
 TRAIN_SPEECH_DIR = SHARED_DATA / "train-speech"  # untranscribed, for training and tuning
@@ -16,6 +18,10 @@ class Utterance:
     duration: float
     speaker: str
     text: str  # the reference transcript; empty for untranscribed speech
+    dataset: str  # the manifest's folder name
+
+    def clip(self, max_seconds: float = DEFAULT_MAX_SECONDS) -> Clip:
+        return Clip(self.id, load_audio(self.path, max_seconds), text=self.text, dataset=self.dataset)
 
 
 def load_manifest(speech_dir: Path = DEFAULT_SPEECH_DIR) -> list[Utterance]:
@@ -31,6 +37,7 @@ def load_manifest(speech_dir: Path = DEFAULT_SPEECH_DIR) -> list[Utterance]:
                 duration=float(row["duration_s"]),
                 speaker=row["speaker"],
                 text=row.get("text", ""),
+                dataset=manifest.parent.name,
             )
             for row in csv.DictReader(f, delimiter="\t")
         ]

@@ -74,17 +74,6 @@ class DraftOutput:
     attention: Tensor | None  # (batch, T, frames): audio attention averaged over heads
 
 
-def window_mask(valid_frames: int, frames: int, centres: Tensor, half_width: int) -> Tensor:
-    """Which audio frames each draft step may attend: (…, frames) from centres (…), -1 meaning no window.
-
-    Padding frames (>= valid_frames) are never attended; a window is clipped to the valid frames.
-    """
-    frame = torch.arange(frames, device=centres.device)
-    valid = frame < valid_frames
-    inside = (frame - centres.unsqueeze(-1)).abs() <= half_width
-    return valid & (inside | (centres.unsqueeze(-1) < 0))
-
-
 class Draft(nn.Module):
     def __init__(self, config: DraftConfig):
         super().__init__()

@@ -2,7 +2,7 @@
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib.resources import files
@@ -59,40 +59,41 @@ class Acceptance:
 
 
 def acceptance(traces: list[Trace]) -> Acceptance:
-    """Pool every round of every trace; K is the largest trace.k.
+    """Pool every round of every trace; K is the largest of the traces' K."""
+    k_max = max((t.settings.k for t in traces), default=0)
+    accepted = [r.accepted for t in traces for r in t.rounds]
+    return pooled_acceptance(accepted, k_max, sum(len(t.tokens) for t in traces))
+
+
+def pooled_acceptance(accepted: Sequence[int], k_max: int, tokens: int) -> Acceptance:
+    """Acceptance from every round's accepted count, and the transcript tokens those rounds produced.
 
     A round survives depth k when its first k proposals were accepted, so a round that proposed
     fewer than k tokens (length limit, confidence stop) does not survive it.
     """
-    k_max = max((t.k for t in traces), default=0)
-    accepted = [r.accepted for t in traces for r in t.rounds]
-    if not accepted:
+    if not len(accepted):
         raise ValueError("no speculative rounds to score (greedy traces have none)")
-    counts = np.bincount(accepted, minlength=k_max + 1)
+    counts = np.bincount(np.asarray(accepted, dtype=int), minlength=k_max + 1)
     survivors = counts[::-1].cumsum()[::-1][: k_max + 1]  # rounds with accepted >= k
     s = (survivors / len(accepted)).tolist()
     conditional = [s[k] / s[k - 1] if s[k - 1] > 0 else None for k in range(1, k_max + 1)]
     # A round advances 1 + accepted tokens; the last round's end-of-text is not a transcript token.
-    tokens = sum(len(t.tokens) for t in traces)
     return Acceptance(len(accepted), s, conditional, sum(s[1:]), tokens / len(accepted))
 
 
 def anchor_error_by_depth(traces: list[Trace]) -> pd.DataFrame:
     """|draft_peak - reference_frame| in frames per draft depth, over steps where both are known."""
-    rows = [
-        (step.depth, abs(step.draft_peak - step.reference_frame))
-        for trace in traces
-        for step in trace.steps
-        if step.draft_peak is not None and step.reference_frame is not None
-    ]
-    errors = pd.DataFrame(rows, columns=["depth", "error"]).astype(float).groupby("depth")["error"]
+    steps = [(s.depth, s.draft_peak, s.reference_frame) for t in traces for s in t.steps]
+    return anchor_error_table(pd.DataFrame(steps, columns=["depth", "draft_peak", "reference_frame"]))
+
+
+def anchor_error_table(steps: pd.DataFrame) -> pd.DataFrame:
+    """Per depth: n, median, mean and p90 of |draft_peak - reference_frame| (frames) from draft-step rows."""
+    known = steps.dropna(subset=["draft_peak", "reference_frame"])
+    error = (known.draft_peak.astype(float) - known.reference_frame.astype(float)).abs()
+    errors = pd.DataFrame({"depth": known.depth.astype(int), "error": error}).groupby("depth")["error"]
     table = pd.DataFrame(
-        {
-            "n": errors.size(),
-            "median": errors.median(),
-            "mean": errors.mean(),
-            "p90": errors.quantile(0.9),
-        }
+        {"n": errors.size(), "median": errors.median(), "mean": errors.mean(), "p90": errors.quantile(0.9)}
     )
     return table.reset_index().astype({"depth": int, "n": int})
 

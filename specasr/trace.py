@@ -1,30 +1,114 @@
-"""The trace: the single record of one decode, shared by engine, metrics, store and dashboard.
+"""The trace: the single record of one decode, shared by engine, store, metrics and dashboard.
 
-Levels (DESIGN.md): the decode itself, its rounds, the draft steps of each round, and every
-verified token. Metrics are computed from these rows; nothing here is a summary.
+Levels (DESIGN.md): the decode itself (settings, code version, clip, segments, reference frames, timings), its
+rounds, the draft steps of each round, and every verified token. The pipeline builds it once, complete; metrics
+are computed from its rows. Frames count 20 ms encoder positions from the start of the clip, so a clip decoded
+in several 30 s segments keeps one time axis (a segment's own frame f is clip frame start_frame + f).
 """
 
+import subprocess
 from dataclasses import asdict, dataclass, field, fields
+from functools import cache
+from pathlib import Path
 
 import pandas as pd
+
+from specasr import __version__
+from specasr.windows import REFERENCE_WINDOWS, WINDOWS
+
+REFERENCE_SOURCES = ("auto", "always", "never")  # or the path of a JSON file of frames
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a decode is asked to do; with a clip, the pipeline's whole input."""
+
+    target: str = "whisper-tiny.en"
+    device: str = "cpu"
+    dtype: str = "float32"
+    draft: str | None = None  # None: greedy; random, random-no-audio, a shipped draft's name, or a draft folder
+    draft_dtype: str | None = None  # None: the target's
+    k: int = 4  # most proposals per round
+    window: str = "unrestricted"
+    half_width_ms: float = 400.0
+    runtime_layer: int | None = None  # target decoder layer (0-based) for the runtime window; None: the target's
+    threshold: float = 0.0  # stop proposing once the draft's top probability falls below this
+    aligner: str = "pocketsphinx"
+    reference: str = "auto"  # auto: align when the window needs frames; always; never; or a JSON file of frames
+    verify_peaks: bool = True  # record where every target layer attended for every transcript token
+    keep_attention: bool = False  # keep each draft step's full audio attention row
+    max_seconds: float = 600.0  # longer clips are refused
+
+    def __post_init__(self):
+        if self.window not in WINDOWS:
+            raise ValueError(f"unknown window {self.window!r}; choose one of {', '.join(WINDOWS)}")
+        low = 0 if self.draft is None else 1
+        if not low <= self.k <= 64:
+            raise ValueError(f"K must be between 1 and 64, got {self.k}")
+        if not 0 <= self.threshold < 1:
+            raise ValueError(f"the confidence threshold must be in [0, 1), got {self.threshold}")
+        if self.half_width_ms < 0 or self.max_seconds <= 0:
+            raise ValueError("the window half-width must be >= 0 and the length limit > 0")
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether the decode needs reference frames: for its window, or because they were asked for."""
+        if self.reference == "auto":
+            return self.window in REFERENCE_WINDOWS
+        return self.reference != "never"
+
+
+@dataclass(frozen=True)
+class CodeVersion:
+    package_version: str
+    git_commit: str | None  # None outside a git checkout
+    git_dirty: bool | None  # uncommitted changes to tracked files
+
+
+@cache
+def code_version() -> CodeVersion:
+    """This process's code: the package version and, in a git checkout, its commit (read once per process)."""
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no") if commit else None
+    return CodeVersion(__version__, commit, None if status is None else bool(status))
 
 
 @dataclass
 class Timings:
-    """Seconds per phase. `decode` is the whole token loop; `draft` and `verify` are its parts."""
+    """Seconds per phase of the decode (features, encoder, decode: the token loop), timed from the waveform.
+
+    `reference` is the greedy pass and forced alignment that made reference frames for this decode (0 when they
+    were reused); it is diagnostic work, not part of the decode's own time.
+    """
 
     features: float = 0.0
     encoder: float = 0.0
     decode: float = 0.0
-    draft: float = 0.0
-    verify: float = 0.0
+    reference: float = 0.0
 
     @property
     def total(self) -> float:
         return self.features + self.encoder + self.decode
 
-    def as_dict(self) -> dict[str, float]:
-        return {**asdict(self), "total": self.total}
+
+@dataclass
+class Segment:
+    """One window of at most 30 s of the clip, decoded on its own."""
+
+    index: int
+    start_frame: int  # clip frame where the window starts
+    valid_frames: int  # frames of real audio in the window
+    first_token: int  # transcript index of its first token
+    tokens: int
 
 
 @dataclass
@@ -32,6 +116,7 @@ class Round:
     """One draft proposal block followed by one target verification pass."""
 
     index: int
+    segment: int
     start: int  # transcript tokens known before the round
     proposed: list[int]
     accepted: int
@@ -48,62 +133,80 @@ class DraftStep:
     depth: int
     token: int
     accepted: bool
-    draft_peak: int | None  # frame of the head-averaged audio attention peak; None for a no-audio draft
+    draft_peak: int | None  # clip frame of the head-averaged audio attention peak; None for a no-audio draft
     window_centre: int | None
     reference_frame: int | None
-    attention: list[float] | None = None  # the full head-averaged row over valid frames, when kept
+    attention: list[float] | None = None  # the full head-averaged row over the segment's valid frames, when kept
 
 
 @dataclass
 class VerifiedToken:
-    """A transcript token and the audio frame (padding excluded) the target attended most while predicting it,
-    per decoder layer, head-averaged."""
+    """A transcript token and the clip frame the target attended most while predicting it, per decoder layer
+    (head-averaged, padding excluded)."""
 
     position: int  # index in the transcript
     token: int
     verify_peaks: list[int]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Trace:
     clip_id: str
-    target: str
-    device: str
-    dtype: str  # the target's
+    settings: Settings  # as the decode ran them: runtime layer and draft dtype filled in
     tokens: list[int]
     text: str
+    clip_hash: str = ""
+    clip_seconds: float = 0.0
+    dataset: str = ""
+    reference_text: str = ""  # the clip's known transcript, if any
+    code: CodeVersion = CodeVersion("", None, None)
+    draft_name: str = "none"  # name@hash, or none for greedy decoding
+    draft_hash: str | None = None
+    segments: list[Segment] = field(default_factory=list)
+    reference_frames: list[int | None] | None = None  # one per transcript token
+    reference_source: str | None = None  # the aligner that made the reference frames, or "file"
     timings: Timings = field(default_factory=Timings)
-    draft: str = "none"  # name and hash, or "none" for autoregressive greedy
-    draft_dtype: str | None = None
-    k: int = 0
-    window: str = "unrestricted"
-    half_width_ms: float = 0.0
-    runtime_layer: int | None = None
-    valid_frames: int = 0
     rounds: list[Round] = field(default_factory=list)
     steps: list[DraftStep] = field(default_factory=list)
     verified: list[VerifiedToken] = field(default_factory=list)
 
+    @property
+    def draft_seconds(self) -> float:
+        return sum(r.draft_seconds for r in self.rounds)
+
+    @property
+    def verify_seconds(self) -> float:
+        return sum(r.verify_seconds for r in self.rounds)
+
+    def phase_seconds(self) -> dict[str, float]:
+        """Every phase, the token loop split into drafting and verification where there were rounds."""
+        timings = asdict(self.timings)
+        return {**timings, "draft": self.draft_seconds, "verify": self.verify_seconds, "total": self.timings.total}
+
     def tables(self) -> dict[str, pd.DataFrame]:
-        """One DataFrame per level; the decode level is a single row keyed by clip_id."""
-        decode = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _CHILDREN}
-        decode["timings"] = self.timings.as_dict()
+        """One DataFrame per level; the decode level is a single row of plain columns."""
+        row = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _NESTED}
+        row |= asdict(self.settings) | asdict(self.code) | {f"{k}_seconds": v for k, v in asdict(self.timings).items()}
         return {
-            "decode": pd.DataFrame([decode]),
-            **{name: _frame(getattr(self, name), kind) for name, kind in _CHILDREN.items()},
+            "decode": pd.DataFrame([row]),
+            **{name: _frame(getattr(self, name), kind) for name, kind in _ROWS.items()},
         }
 
     @classmethod
     def from_tables(cls, tables: dict[str, pd.DataFrame]) -> "Trace":
-        decode = tables["decode"].iloc[0].to_dict()
-        timings = {k: v for k, v in decode.pop("timings").items() if k != "total"}
-        children = {
-            name: [kind(**_plain(row)) for row in tables[name].to_dict("records")] for name, kind in _CHILDREN.items()
+        row = _plain(tables["decode"].iloc[0].to_dict())
+        nested = {
+            "settings": Settings(**{f.name: row[f.name] for f in fields(Settings)}),
+            "code": CodeVersion(**{f.name: row[f.name] for f in fields(CodeVersion)}),
+            "timings": Timings(**{f.name: row[f"{f.name}_seconds"] for f in fields(Timings)}),
         }
-        return cls(**_plain(decode), timings=Timings(**timings), **children)
+        rows = {name: [kind(**_plain(r)) for r in tables[name].to_dict("records")] for name, kind in _ROWS.items()}
+        plain = {f.name: row[f.name] for f in fields(cls) if f.name not in _NESTED}
+        return cls(**plain, **nested, **rows)
 
 
-_CHILDREN = {"rounds": Round, "steps": DraftStep, "verified": VerifiedToken}
+_ROWS = {"segments": Segment, "rounds": Round, "steps": DraftStep, "verified": VerifiedToken}
+_NESTED = {"settings", "code", "timings", *_ROWS}
 
 
 def _frame(rows: list, kind: type) -> pd.DataFrame:
@@ -118,7 +221,7 @@ def _plain(row: dict) -> dict:
     for key, value in row.items():
         if hasattr(value, "tolist"):
             value = value.tolist()
-        elif value is pd.NA or (isinstance(value, float) and value != value):
+        elif value is pd.NA or value is pd.NaT or (isinstance(value, float) and value != value):
             value = None
         out[key] = value
     return out

@@ -18,8 +18,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from specasr.align import Aligner, WordTime, align_tokens, frames_from_words, normalize_for_alignment
-from specasr.audio import load_audio
+from specasr.align import Aligner, align_tokens, frames_from_words, normalize_for_alignment
+from specasr.audio import Clip, load_audio
 from specasr.cache import cache_dir
 from specasr.dataset import TRAIN_SPEECH_DIR, load_manifest
 from specasr.decode import greedy_tokens
@@ -39,16 +39,9 @@ class Example:
     memory: torch.Tensor  # (valid_frames, d_model): encoder output over the real audio
 
 
-@dataclass
-class Clip:
-    id: str
-    audio: np.ndarray
-    words: list[WordTime] | None = None  # exact times of the spoken words (synthesized speech)
-
-
 def real_clips(speech_dir: Path = TRAIN_SPEECH_DIR, limit: int | None = None) -> Iterator[Clip]:
     for utterance in load_manifest(speech_dir)[:limit]:
-        yield Clip(utterance.id, load_audio(utterance.path))
+        yield Clip(utterance.id, load_audio(utterance.path), dataset=speech_dir.name)
 
 
 def synthetic_clips(count: int, seed: int = 0, tts: str = "espeak", sentences: Path = SENTENCES) -> Iterator[Clip]:
@@ -74,7 +67,7 @@ def synthetic_clips(count: int, seed: int = 0, tts: str = "espeak", sentences: P
             name = f"hibari-{index}-{speed}"
         noise_db = rng.uniform(-50, -35)  # relative to full scale
         audio = speech.audio + rng.normal(0, 10 ** (noise_db / 20), speech.audio.size).astype(np.float32)
-        yield Clip(name, audio, speech.words)
+        yield Clip(name, audio, dataset=tts, words=tuple(speech.words))
 
 
 def _reference_frames(target: WhisperTarget, clip: Clip, tokens: list[int], aligner: Aligner) -> list[int | None]:

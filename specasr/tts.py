@@ -28,7 +28,8 @@ import espeakng_loader
 import numpy as np
 import soxr
 
-from specasr.align import SAMPLE_RATE, WordTime, normalize_for_alignment
+from specasr.align import WordTime, normalize_for_alignment
+from specasr.audio import SAMPLE_RATE
 
 ESPEAK_SAMPLE_RATE = 22050
 # Checked to load and speak with the bundled espeak-ng 1.52 data ("+f3"/"+m3" are voice variants).

@@ -11,8 +11,10 @@ from transformers import (
 )
 
 from specasr.dataset import DEFAULT_SPEECH_DIR, Utterance, load_manifest
-from specasr.targets import WhisperTarget, load_target
+from specasr.pipeline import Pipeline
+from specasr.targets import WhisperTarget
 from specasr.targets.builtin import builtin_model_dir
+from specasr.trace import Settings
 
 # A few short clips from different sources of the shared developer set.
 SAMPLE_IDS = (
@@ -21,6 +23,14 @@ SAMPLE_IDS = (
     "ls-dev-clean-1988-24833-0000",
     "librivox-sense-and-sensibility-01-0880",
 )
+
+
+@pytest.fixture(autouse=True, scope="session")
+def private_run_store(tmp_path_factory):
+    """Runs the tests store go to a file of their own, never to the user's cache/runs.duckdb."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SPECASR_DB", str(tmp_path_factory.mktemp("store") / "runs.duckdb"))
+        yield
 
 
 @pytest.fixture(scope="session")
@@ -37,13 +47,19 @@ def sample_clips(speech) -> list[Utterance]:
 
 
 @pytest.fixture(scope="session")
-def tiny_en() -> WhisperTarget:
-    return load_target("whisper-tiny.en")
+def pipeline() -> Pipeline:
+    """One pipeline for the session, without a store: targets and drafts load once."""
+    return Pipeline()
 
 
 @pytest.fixture(scope="session")
-def base() -> WhisperTarget:
-    return load_target("whisper-base")
+def tiny_en(pipeline) -> WhisperTarget:
+    return pipeline.target(Settings(target="whisper-tiny.en"))
+
+
+@pytest.fixture(scope="session")
+def base(pipeline) -> WhisperTarget:
+    return pipeline.target(Settings(target="whisper-base"))
 
 
 @cache

@@ -62,7 +62,7 @@ def test_decode_with_a_float16_draft_keeps_the_greedy_tokens(capsys, sample_clip
 
 def test_decode_reference_file_errors_are_user_errors(capsys, sample_clips, tmp_path):
     clip = str(sample_clips[0].path)
-    assert main(["decode", clip, "--window", "correct"]) == 2
+    assert main(["decode", clip, "--window", "correct", "--reference", "never"]) == 2
     assert "needs reference frames" in capsys.readouterr().err
     bad = tmp_path / "frames.json"
     bad.write_text('{"frames": 3}')
@@ -79,8 +79,9 @@ def test_bench_prints_a_table_and_summary(capsys, speech):
     out = capsys.readouterr().out
     for column in ("decode_speedup", "total_speedup", "rho", "a1", "a2c", "L", "lossless_clips"):
         assert column in out
-    summary_row = out.strip().splitlines()[-1].split()
-    assert summary_row[0] == "random" and summary_row[-1] == "1"  # one clip, decoded losslessly
+    summary_row = next(line.split() for line in out.splitlines() if line.startswith("random "))
+    assert summary_row[-1] == "1"  # one clip, decoded losslessly
+    assert sum(line.startswith("stored ") for line in out.splitlines()) == 2  # the greedy and the draft's run
 
 
 def test_align_prints_word_times_and_one_frame_per_token(capsys, sample_clips):
@@ -114,3 +115,41 @@ def test_train_rejects_malformed_taps_before_any_work(capsys):
     with pytest.raises(SystemExit) as stop:
         main(["train", "--taps", "3,top"])
     assert stop.value.code == 2 and "layer numbers separated by commas" in capsys.readouterr().err
+
+
+def test_a_decode_is_kept_and_listed_with_its_rounds_and_draft_steps(capsys, sample_clips, tmp_path):
+    db = str(tmp_path / "runs.duckdb")
+    clip = str(sample_clips[0].path)
+    assert main(["decode", clip, "--draft", "whisper-tiny.en/anchordraft", "--k", "3", "--json", "--db", db]) == 0
+    decoded = json.loads(capsys.readouterr().out)
+    assert main(["runs", "list", "--json", "--db", db]) == 0
+    (listed,) = json.loads(capsys.readouterr().out)
+    assert listed["run_id"] == decoded["run_id"] and listed["clips"] == 1
+    assert listed["rounds"] == len(decoded["rounds"]) > 0
+    assert listed["draft_steps"] == decoded["draft_steps"] == sum(len(r["proposed"]) for r in decoded["rounds"])
+    assert (listed["draft"], listed["k"], listed["window"]) == ("whisper-tiny.en/anchordraft", 3, "unrestricted")
+
+    assert main(["runs", "show", decoded["run_id"], "--json", "--db", db]) == 0
+    (shown,) = json.loads(capsys.readouterr().out)
+    assert shown["tokens"] == decoded["tokens"] and len(shown["rounds"]) == len(decoded["rounds"])
+    exported = tmp_path / "export"
+    assert main(["runs", "export", decoded["run_id"], "--parquet", str(exported), "--db", db]) == 0
+    assert main(["runs", "delete", decoded["run_id"], "--db", db]) == 0
+    assert len(list(exported.glob("*.parquet"))) >= 6 and "deleted run" in capsys.readouterr().out
+    assert main(["runs", "list", "--json", "--db", db]) == 0
+    assert json.loads(capsys.readouterr().out) == []
+    assert main(["runs", "import", str(exported), "--db", db]) == 0
+    assert capsys.readouterr().out == f"imported run {decoded['run_id']}\n"
+    assert main(["runs", "list", "--json", "--db", db]) == 0
+    assert [r["run_id"] for r in json.loads(capsys.readouterr().out)] == [decoded["run_id"]]
+
+
+def test_no_store_keeps_nothing_and_a_broken_store_is_a_clear_error(capsys, sample_clips, tmp_path):
+    db = tmp_path / "runs.duckdb"
+    clip = str(sample_clips[0].path)
+    assert main(["decode", clip, "--no-store", "--db", str(db)]) == 0
+    assert not db.exists()
+    db.write_text("not a database")
+    assert main(["decode", clip, "--db", str(db)]) == 2
+    assert "error:" in capsys.readouterr().err
+    assert db.read_text() == "not a database"

@@ -11,11 +11,12 @@ from specasr.draft import (
     DraftMismatchError,
     load_draft,
     random_draft,
-    resolve_draft,
     save_draft,
     shipped_drafts,
-    window_mask,
 )
+from specasr.targets import DTYPES
+from specasr.trace import Settings
+from specasr.windows import window_mask
 
 
 @settings(max_examples=200, deadline=None)
@@ -124,35 +125,33 @@ def test_broken_checkpoints_fail_clearly(tiny_en, tmp_path):
 
 
 @pytest.mark.parametrize("name", shipped_drafts())
-def test_shipped_drafts_load_and_decode_losslessly(name, sample_clips, request):
-    from specasr.audio import load_audio
-    from specasr.decode import SpeculativeConfig, greedy_tokens, speculative_transcribe
-
-    target = request.getfixturevalue({"whisper-tiny.en": "tiny_en", "whisper-base": "base"}[name.split("/")[0]])
-    draft = resolve_draft(name, target)
-    assert draft.config.variant == name.split("/")[1] and draft.config.training["data_hash"]
-    audio = load_audio(sample_clips[1].path)
-    trace = speculative_transcribe(target, draft, audio, SpeculativeConfig(k=4), sample_clips[1].id)
-    assert trace.tokens == greedy_tokens(target, target.encode(target.features(audio)))
+def test_shipped_drafts_load_and_decode_losslessly(name, pipeline, sample_clips):
+    target_name, variant = name.split("/")
+    draft = pipeline.draft(Settings(target=target_name, draft=name))
+    assert draft.config.variant == variant and draft.config.training["data_hash"]
+    clip = sample_clips[1].clip()
+    trace = pipeline.decode(clip, Settings(target=target_name, draft=name, k=4))
+    assert trace.tokens == pipeline.decode(clip, Settings(target=target_name)).tokens
+    assert trace.draft_name.startswith(name + "@") and trace.draft_hash == draft.weights_hash()
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_a_half_precision_draft_on_a_float32_target_stays_lossless_and_is_recorded(tiny_en, sample_clips, dtype):
-    from specasr.audio import load_audio
-    from specasr.decode import SpeculativeConfig, greedy_tokens, speculative_transcribe
-
-    full = resolve_draft("whisper-tiny.en/anchordraft", tiny_en)
-    half = resolve_draft("whisper-tiny.en/anchordraft", tiny_en, dtype=dtype)
-    assert half.dtype == dtype and full.dtype == tiny_en.dtype == torch.float32
-    if dtype == torch.float16:  # the checkpoint's own precision: the same weights, only computed differently
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_half_precision_draft_on_a_float32_target_stays_lossless_and_is_recorded(
+    pipeline, tiny_en, sample_clips, dtype
+):
+    name = "whisper-tiny.en/anchordraft"
+    full = pipeline.draft(Settings(draft=name))
+    half = pipeline.draft(Settings(draft=name, draft_dtype=dtype))
+    assert half.dtype == DTYPES[dtype] and full.dtype == tiny_en.dtype == torch.float32
+    if dtype == "float16":  # the checkpoint's own precision: the same weights, only computed differently
         assert half.weights_hash() == full.weights_hash()
-    for clip in sample_clips[:2]:
-        audio = load_audio(clip.path)
-        trace = speculative_transcribe(tiny_en, half, audio, SpeculativeConfig(k=4, keep_attention=True), clip.id)
-        assert trace.tokens == greedy_tokens(tiny_en, tiny_en.encode(tiny_en.features(audio)))
-        assert trace.draft_dtype == str(dtype).removeprefix("torch.") and trace.dtype == "float32"
+    for utterance in sample_clips[:2]:
+        clip = utterance.clip()
+        trace = pipeline.decode(clip, Settings(draft=name, draft_dtype=dtype, k=4, keep_attention=True))
+        assert trace.tokens == pipeline.decode(clip, Settings()).tokens
+        assert trace.settings.draft_dtype == dtype and trace.settings.dtype == "float32"
         assert sum(r.accepted for r in trace.rounds) > 0  # still a working draft, not just a lossless one
-        assert all(len(s.attention) == trace.valid_frames for s in trace.steps)
+        assert all(len(s.attention) == trace.segments[0].valid_frames for s in trace.steps)
 
 
 def test_shipped_drafts_cover_both_targets_and_the_three_variants_and_stay_small():

@@ -15,7 +15,7 @@ from specasr.metrics import (
     verify_anchor_error,
     word_error_rate,
 )
-from specasr.trace import DraftStep, Round, Timings, Trace, VerifiedToken
+from specasr.trace import DraftStep, Round, Settings, Timings, Trace, VerifiedToken
 
 
 def test_normalizer_is_whispers_english_normalizer():
@@ -38,11 +38,11 @@ def make_trace(clip_id: str, accepted: list[int], k: int = 3, proposed: list[int
     """A speculative trace whose rounds accepted these counts; each round advances 1 + accepted tokens."""
     proposed = proposed or [k] * len(accepted)
     rounds = [
-        Round(index=i, start=0, proposed=[7] * p, accepted=a, target_token=7, draft_seconds=0.0, verify_seconds=0.0)
+        Round(i, 0, 0, proposed=[7] * p, accepted=a, target_token=7, draft_seconds=0.0, verify_seconds=0.0)
         for i, (a, p) in enumerate(zip(accepted, proposed, strict=True))
     ]
     tokens = [7] * (sum(1 + a for a in accepted) - 1)  # the last round's end-of-text is not a transcript token
-    return Trace(clip_id, "whisper-tiny.en", "cpu", "float32", tokens, "", k=k, rounds=rounds, **fields)
+    return Trace(clip_id, Settings(draft="random", k=k), tokens, "", rounds=rounds, **fields)
 
 
 def test_acceptance_pools_rounds_over_traces():
@@ -72,7 +72,7 @@ def test_acceptance_continuation_needs_two_proposals():
 
 
 def test_acceptance_needs_rounds():
-    greedy = Trace("a", "whisper-tiny.en", "cpu", "float32", [1, 2, 3], "")
+    greedy = Trace("a", Settings(), [1, 2, 3], "")
     with pytest.raises(ValueError, match="no speculative rounds"):
         acceptance([greedy])
     with pytest.raises(ValueError, match="no speculative rounds"):
@@ -178,7 +178,7 @@ def test_paired_bootstrap_needs_matched_arms():
 def test_paired_bootstrap_skips_undefined_draws_unless_most_are():
     # A draw of two greedy traces has no rounds (undefined); that happens in a quarter of draws.
     def arm(shift: int) -> list[Trace]:
-        return [make_trace("u0", [shift]), Trace("u1", "whisper-tiny.en", "cpu", "float32", [1], "")]
+        return [make_trace("u0", [shift]), Trace("u1", Settings(), [1], "")]
 
     assert paired_bootstrap(arm(0), arm(2), mean_L, draws=400) == Interval(2.0, 2.0, 2.0)
 

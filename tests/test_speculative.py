@@ -5,10 +5,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specasr.audio import load_audio
-from specasr.decode import WINDOWS, SpeculativeConfig, greedy_tokens, speculative_rounds, speculative_transcribe
+from specasr.decode import greedy, greedy_tokens, speculative
 from specasr.draft import Draft, random_draft
-from specasr.trace import Trace
+from specasr.trace import Settings, Trace
+from specasr.windows import WINDOWS
 from tests.conftest import random_whisper_target
 
 
@@ -47,9 +47,10 @@ def test_speculative_equals_greedy_on_random_models(
     memory = torch.randn(1, 40, target.d_model, generator=torch.Generator().manual_seed(seed))
     reference = data.draw(st.lists(st.one_of(st.none(), st.integers(0, valid_frames - 1)), max_size=max_length))
     runtime_layer = data.draw(st.integers(0, layers - 1))
-    config = SpeculativeConfig(k=k, window=window, threshold=threshold, runtime_layer=runtime_layer)
+    settings = Settings(draft="random", k=k, window=window, threshold=threshold, runtime_layer=runtime_layer)
 
-    tokens, rounds, steps, verified = speculative_rounds(target, draft, memory, valid_frames, config, reference)
+    result = speculative(target, draft, memory, valid_frames, settings, reference)
+    tokens, rounds, steps, verified = result.tokens, result.rounds, result.steps, result.verified
 
     assert tokens == greedy_tokens(target, memory)
     assert len(target.prompt) + len(tokens) <= max_length
@@ -66,38 +67,39 @@ def test_random_models_exercise_partial_and_full_acceptance():
         target = random_whisper_target(seed, layers=2, heads=2, vocab_size=8, max_length=40)
         memory = torch.randn(1, 40, target.d_model, generator=torch.Generator().manual_seed(seed))
         draft = always_propose(random_draft(target, seed=seed), token=3)
-        _, rounds, _, _ = speculative_rounds(target, draft, memory, 40, SpeculativeConfig(k=4))
+        rounds = speculative(target, draft, memory, 40, Settings(draft="random", k=4)).rounds
         accepted |= {r.accepted for r in rounds}
     assert {0, 4} <= accepted and accepted & {1, 2, 3}
 
 
 @pytest.mark.parametrize("k", [1, 4, 16])
-def test_speculative_equals_greedy_on_real_tiny_en(tiny_en, sample_clips, k):
-    drafts = [random_draft(tiny_en, audio=True, seed=k), random_draft(tiny_en, audio=False, seed=k)]
-    for clip in sample_clips[: 2 if k < 16 else 1]:
-        audio = load_audio(clip.path)
-        greedy = greedy_tokens(tiny_en, tiny_en.encode(tiny_en.features(audio)))
-        reference = [min(3 * i, 100) for i in range(len(greedy))]
+def test_speculative_equals_greedy_on_real_tiny_en(pipeline, tiny_en, sample_clips, k):
+    for utterance in sample_clips[: 2 if k < 16 else 1]:
+        audio = utterance.clip().audio
+        memory, valid_frames = tiny_en.encode(tiny_en.features(audio)), tiny_en.valid_frames(len(audio))
+        expected = greedy_tokens(tiny_en, memory)
+        reference = [min(3 * i, 100) for i in range(len(expected))]
         for window in WINDOWS:
-            for draft in drafts:
-                config = SpeculativeConfig(k=k, window=window)
-                trace = speculative_transcribe(tiny_en, draft, audio, config, clip.id, reference)
-                assert trace.tokens == greedy, (clip.id, window, draft.config.audio)
+            for draft in ("random", "random-no-audio"):
+                settings = Settings(draft=draft, k=k, window=window)
+                result = speculative(tiny_en, pipeline.draft(settings), memory, valid_frames, settings, reference)
+                assert result.tokens == expected, (utterance.id, window, draft)
 
 
-def test_trace_tables_round_trip_without_loss(tiny_en, sample_clips):
-    audio = load_audio(sample_clips[1].path)
-    config = SpeculativeConfig(k=3, window="runtime", keep_attention=True)
-    trace = speculative_transcribe(tiny_en, random_draft(tiny_en), audio, config, sample_clips[1].id)
-    assert trace.rounds and trace.steps and trace.verified
-    assert all(s.attention is not None and len(s.attention) == trace.valid_frames for s in trace.steps)
+def test_trace_tables_round_trip_without_loss(pipeline, sample_clips):
+    settings = Settings(draft="random", k=3, window="runtime", keep_attention=True, reference="always")
+    trace = pipeline.decode(sample_clips[1].clip(), settings)
+    assert trace.rounds and trace.steps and trace.verified and trace.reference_frames
+    assert all(s.attention is not None and len(s.attention) == trace.segments[0].valid_frames for s in trace.steps)
     assert Trace.from_tables(trace.tables()) == trace
 
 
-def test_verification_peaks_match_a_teacher_forced_pass(tiny_en, sample_clips):
-    audio = load_audio(sample_clips[2].path)
-    trace = speculative_transcribe(tiny_en, random_draft(tiny_en), audio, SpeculativeConfig(k=2), sample_clips[2].id)
-    memory = tiny_en.encode(tiny_en.features(audio))
-    forced = tiny_en.attention_peaks(memory, trace.tokens, trace.valid_frames)
+def test_verification_peaks_match_a_teacher_forced_pass(pipeline, tiny_en, sample_clips):
+    clip = sample_clips[2].clip()
+    trace = pipeline.decode(clip, Settings(draft="random", k=2))
+    memory = tiny_en.encode(tiny_en.features(clip.audio))
+    valid_frames = trace.segments[0].valid_frames
+    forced = tiny_en.attention_peaks(memory, trace.tokens, valid_frames)
     assert [v.verify_peaks for v in trace.verified] == forced
-    assert all(0 <= p < trace.valid_frames for row in forced for p in row)
+    assert all(0 <= p < valid_frames for row in forced for p in row)
+    assert greedy(tiny_en, memory, valid_frames, verify_peaks=True).verified == trace.verified

@@ -13,9 +13,13 @@ import torch.nn.functional as F
 from torch import Tensor
 from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration, WhisperTokenizer
 
+from specasr.audio import SAMPLE_RATE
+
 HOP_LENGTH = 160  # samples per mel frame
 ENCODER_STRIDE = 2  # mel frames per encoder frame
-FRAME_SECONDS = HOP_LENGTH * ENCODER_STRIDE / 16000  # 20 ms per encoder frame
+SAMPLES_PER_FRAME = HOP_LENGTH * ENCODER_STRIDE
+FRAME_SECONDS = SAMPLES_PER_FRAME / SAMPLE_RATE  # 20 ms per encoder frame
+WINDOW_FRAMES = 1500  # encoder frames in one 30 s window
 
 
 def vocabulary_logits(hidden: Tensor, embedding: Tensor) -> Tensor:
@@ -60,6 +64,9 @@ class DecoderOutput:
 
 class WhisperTarget:
     """A frozen Whisper model set up for English transcription without timestamps."""
+
+    samples_per_frame = SAMPLES_PER_FRAME
+    window_samples = WINDOW_FRAMES * SAMPLES_PER_FRAME  # what one encoder pass hears: 30 s
 
     def __init__(
         self,
@@ -110,13 +117,13 @@ class WhisperTarget:
 
     def features(self, audio: np.ndarray) -> Tensor:
         """Log-mel features of a 16 kHz clip, padded to Whisper's 30 s window: (1, mels, 3000)."""
-        mel = self.feature_extractor(audio, sampling_rate=16000, return_tensors="pt").input_features
+        mel = self.feature_extractor(audio, sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features
         return mel.to(self.device, self.dtype)
 
     @staticmethod
     def valid_frames(n_samples: int) -> int:
         """Encoder frames that cover real audio; the rest of the 1500 are padding."""
-        return min(1500, -(-n_samples // (HOP_LENGTH * ENCODER_STRIDE)))
+        return min(WINDOW_FRAMES, -(-n_samples // SAMPLES_PER_FRAME))
 
     @torch.inference_mode()
     def encode(self, features: Tensor) -> Tensor:

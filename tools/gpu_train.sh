@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Train tiny.en's three drafts on a lent GPU machine from the carried feature cache (README, "GPU host") and time
-# each run; the drafts come back in $OUT/drafts. `python -m scripts.gpu_stage --job train --packs 7` packs the
+# each run; the drafts come back in $OUT/drafts. `python -m tools.gpu_stage --job train --packs 7` packs the
 # weights, the cache, missing wheels, the corpus and the train-speech manifest; each pN travels in a call of its
 # own (`mkdir -p /tmp/stage && cp -r .devcarry/pN/. /tmp/stage/`) and this final call, carrying `last`, trains.
 set -euo pipefail
-source scripts/gpu_setup.sh
+source tools/gpu_setup.sh
 epochs=${EPOCHS:-20}
 for variant in ${VARIANTS:-anchordraft control no-audio}; do
     start=$(date +%s.%N)

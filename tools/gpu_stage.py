@@ -1,18 +1,18 @@
 """Pack what a GPU job needs beyond the repository into folders of at most --pack-mb each, since one device call
 carries 64 MiB in all (repository included). Every file travels as 1 MiB pieces with a checksum, so packs fill
 evenly. Packs p1, p2, ... travel in calls of their own and are copied aside there to /tmp/stage; `last` travels
-with the final call, which runs the job's script (scripts/gpu_setup.sh joins and checks the pieces and puts the
+with the final call, which runs the job's script (tools/gpu_setup.sh joins and checks the pieces and puts the
 weights and caches in place first).
 
-  bench (scripts/gpu_bench.sh): both targets' converted weights, the evaluation clips, and one
+  bench (tools/gpu_bench.sh): both targets' converted weights, the evaluation clips, and one
     shard of cached training features (the first 64 hibari-tts clips of tiny.en, filed as the 64-clip source it
     equals) to time training there.
-  train (scripts/gpu_train.sh): tiny.en's weights and its whole feature cache for the default training sources,
+  train (tools/gpu_train.sh): tiny.en's weights and its whole feature cache for the default training sources,
     to train the three drafts there at full scale.
 
 Both carry the wheels the GPU image lacks and the sentence corpus.
 
-    python -m scripts.gpu_stage [--job bench|train] [--clips 78] [--pack-mb 62] [--packs 4|7] [--out .devcarry]
+    python -m tools.gpu_stage [--job bench|train] [--clips 78] [--pack-mb 62] [--packs 4|7] [--out .devcarry]
 """
 
 import argparse
@@ -42,7 +42,7 @@ def target_files(targets: list[str]) -> list[tuple[str, bytes]]:
 
 def split(relative: str, data: bytes, step: int = 1024 * 1024) -> list[tuple[str, bytes]]:
     """A file as 1 MiB pieces (RELATIVE.partNNN) and its checksum (RELATIVE.sha256), so that packs fill evenly;
-    scripts/gpu_setup.sh joins and checks them."""
+    tools/gpu_setup.sh joins and checks them."""
     name = relative.rsplit("/", 1)[-1]
     digest = hashlib.sha256(data).hexdigest()
     parts = [(f"{relative}.part{i // step:04d}", data[i : i + step]) for i in range(0, len(data), step)]

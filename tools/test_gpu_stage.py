@@ -1,6 +1,6 @@
 import hashlib
 
-from scripts.gpu_stage import split
+from tools.gpu_stage import split
 
 
 def test_split_pieces_join_back_to_the_file_and_carry_its_checksum():

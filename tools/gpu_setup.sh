@@ -7,7 +7,7 @@ out=${OUT:-/tmp}
 mkdir -p $out
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site $stage/whl/*.whl
 export PYTHONPATH=/tmp/site SPECASR_CACHE=/tmp/specasr-cache PYTHONUNBUFFERED=1
-for sum in $(find $stage -name '*.sha256'); do  # join each file's pieces (scripts/gpu_stage.py) and check it
+for sum in $(find $stage -name '*.sha256'); do  # join each file's pieces (tools/gpu_stage.py) and check it
     file=${sum%.sha256}
     cat "$file".part* > "$file"
     (cd "$(dirname "$file")" && sha256sum --check --quiet "$(basename "$sum")")

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Benchmark the shipped drafts and time draft training on a lent GPU machine (README, "GPU host").
-# `python -m scripts.gpu_stage` packs the converted weights, the evaluation clips, missing wheels, one shard of
+# `python -m tools.gpu_stage` packs the converted weights, the evaluation clips, missing wheels, one shard of
 # training features and the sentence corpus into .devcarry/p1, p2, ... and .devcarry/last; each pN travels in a
 # call of its own (`mkdir -p /tmp/stage && cp -r .devcarry/pN/. /tmp/stage/`) and this final call, carrying
 # `last`, reassembles them.
 set -euo pipefail
-source scripts/gpu_setup.sh
+source tools/gpu_setup.sh
 for run in ${RUNS:-4:2 2:1}; do  # K:repeats
     for target in whisper-tiny.en whisper-base; do
         python3 -m scripts.evaluate_drafts --device cuda --dtype float16 --target $target --speech-dir $stage/speech \

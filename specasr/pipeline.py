@@ -1,0 +1,201 @@
+"""Clip + settings -> trace: the one place the decoding chain is assembled.
+
+audio -> 30 s windows cut at quiet points -> features -> encoder (once per window) -> [greedy pass and forced
+alignment, only when the settings need reference frames, and once per clip and target] -> greedy or speculative
+loop -> one complete trace. Targets, drafts, aligners and reference frames are kept for the next decode.
+"""
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from torch import Tensor
+
+from specasr.align import Aligner, ClipReference, frames_from_words, get_aligner, normalize_for_alignment
+from specasr.audio import SAMPLE_RATE, AudioTooLongError, Clip, split_windows
+from specasr.decode import Origin, PhaseTimer, greedy, speculative
+from specasr.draft import Draft, resolve_draft
+from specasr.targets import DTYPES, WhisperTarget, load_target
+from specasr.trace import REFERENCE_SOURCES, Segment, Settings, Trace, code_version
+
+if TYPE_CHECKING:
+    from specasr.store import Store
+
+
+class Pipeline:
+    """Decodes clips under any settings; loads each target, draft and aligner once, and makes a clip's reference
+    frames once per target (kept in memory, and in the store when there is one)."""
+
+    def __init__(self, store: "Store | None" = None):
+        self.store = store
+        self._targets: dict[tuple, WhisperTarget] = {}
+        self._drafts: dict[tuple, tuple[Draft, str, str]] = {}  # the draft, its name and its weights hash
+        self._aligners: dict[str, Aligner] = {}
+        self._references: dict[tuple, ClipReference] = {}
+
+    def target(self, settings: Settings) -> WhisperTarget:
+        key = (settings.target, settings.device, settings.dtype)
+        if key not in self._targets:
+            self._targets[key] = load_target(*key)
+        return self._targets[key]
+
+    def draft(self, settings: Settings) -> Draft | None:
+        return self._draft(settings)[0] if settings.draft is not None else None
+
+    def _draft(self, settings: Settings) -> tuple[Draft, str, str]:
+        key = (settings.target, settings.device, settings.dtype, settings.draft, settings.draft_dtype)
+        if key not in self._drafts:
+            dtype = DTYPES[settings.draft_dtype] if settings.draft_dtype else None
+            draft = resolve_draft(settings.draft, self.target(settings), dtype)
+            self._drafts[key] = (draft, draft.name, draft.weights_hash())  # hashing the weights takes a while
+        return self._drafts[key]
+
+    def aligner(self, name: str) -> Aligner:
+        if name not in self._aligners:
+            self._aligners[name] = get_aligner(name)
+        return self._aligners[name]
+
+    def resolved(self, settings: Settings) -> Settings:
+        """The settings as a decode runs them: a greedy decode carries no draft settings, a speculative one names
+        its draft's precision and, with the runtime window, its layer."""
+        if settings.draft is None:
+            return replace(settings, k=0, window="unrestricted", half_width_ms=0.0, runtime_layer=None, threshold=0.0)
+        layer = settings.runtime_layer
+        if settings.window == "runtime" and layer is None:
+            layer = self.target(settings).runtime_layer
+        return replace(settings, draft_dtype=settings.draft_dtype or settings.dtype, runtime_layer=layer)
+
+    def decode(self, clip: Clip, settings: Settings) -> Trace:
+        """Transcribe `clip` under `settings`, timed from the waveform, and return its complete trace."""
+        settings = self.resolved(settings)
+        if clip.seconds > settings.max_seconds:
+            raise AudioTooLongError(
+                f"{clip.id} is {clip.seconds:.2f} s long, over the {settings.max_seconds:g} s limit"
+            )
+        target = self.target(settings)
+        draft, draft_name, draft_hash = self._draft(settings) if settings.draft is not None else (None, "none", None)
+        windows = split_windows(clip.audio, target.window_samples, target.samples_per_frame)
+        timer = PhaseTimer(target.device)
+        memories = []
+        for start, end in windows:
+            with timer.phase("features"):
+                features = target.features(clip.audio[start:end])
+            with timer.phase("encoder"):
+                memories.append(target.encode(features))
+        reference = None
+        if settings.needs_reference:
+            with timer.phase("reference"):
+                reference = self.reference(clip, settings, windows, memories)
+
+        segments, tokens, rounds, steps, verified = [], [], [], [], []
+        for index, ((start, end), memory) in enumerate(zip(windows, memories, strict=True)):
+            origin = Origin(index, start // target.samples_per_frame, len(tokens), len(rounds))
+            valid_frames = target.valid_frames(end - start)
+            with timer.phase("decode"):
+                if draft is None:
+                    result = greedy(target, memory, valid_frames, settings.verify_peaks, origin)
+                else:
+                    frames = reference.window_frames(index, origin.frame) if reference else None
+                    result = speculative(target, draft, memory, valid_frames, settings, frames, origin)
+            segments.append(Segment(index, origin.frame, valid_frames, len(tokens), len(result.tokens)))
+            tokens += result.tokens
+            rounds += result.rounds
+            steps += result.steps
+            verified += result.verified
+
+        texts = [target.decode_text(tokens[s.first_token : s.first_token + s.tokens]) for s in segments]
+        return Trace(
+            clip_id=clip.id,
+            settings=settings,
+            tokens=tokens,
+            text=" ".join(text for text in texts if text),
+            clip_hash=clip.hash,
+            clip_seconds=clip.seconds,
+            dataset=clip.dataset,
+            reference_text=clip.text,
+            code=code_version(),
+            draft_name=draft_name,
+            draft_hash=draft_hash,
+            segments=segments,
+            reference_frames=reference and reference.frames,
+            reference_source=reference and reference.source,
+            timings=timer.timings,
+            rounds=rounds,
+            steps=steps,
+            verified=verified,
+        )
+
+    def reference(
+        self,
+        clip: Clip,
+        settings: Settings,
+        windows: list[tuple[int, int]] | None = None,
+        memories: list[Tensor] | None = None,
+    ) -> ClipReference:
+        """The clip's greedy transcript, force-aligned window by window (or frames from the settings' file).
+
+        Made once per clip, target and aligner; `memories` are the windows' encoder outputs where a decode already
+        has them.
+        """
+        if settings.reference not in REFERENCE_SOURCES:
+            return _reference_file(Path(settings.reference), clip, self.target(settings))
+        key = (clip.hash, settings.target, settings.device, settings.dtype, settings.aligner)
+        if key in self._references:
+            return self._references[key]
+        found = self.store.reference(*key) if self.store else None
+        if found is None:
+            found = self._align(clip, settings, windows, memories)
+            if self.store:
+                self.store.save_reference(*key, found)
+        self._references[key] = found
+        return found
+
+    def _align(self, clip: Clip, settings: Settings, windows, memories) -> ClipReference:
+        target, aligner = self.target(settings), self.aligner(settings.aligner)
+        windows = windows or split_windows(clip.audio, target.window_samples, target.samples_per_frame)
+        window_tokens, frames, words = [], [], []
+        for index, (start, end) in enumerate(windows):
+            memory = memories[index] if memories else target.encode(target.features(clip.audio[start:end]))
+            tokens = greedy(target, memory, target.valid_frames(end - start)).tokens
+            aligned = align_window(target, aligner, clip.audio[start:end], tokens)
+            first_frame, offset = start // target.samples_per_frame, start / SAMPLE_RATE
+            window_tokens.append(tokens)
+            frames += [None if f is None else f + first_frame for f in aligned[0]]
+            words += [replace(w, start=w.start + offset, end=w.end + offset) if w.aligned else w for w in aligned[1]]
+        return ClipReference(aligner.name, window_tokens, frames, words)
+
+    def align_text(self, clip: Clip, settings: Settings, text: str) -> ClipReference:
+        """Force-align a given transcript to a clip of one window."""
+        target = self.target(settings)
+        if len(clip.audio) > target.window_samples:
+            raise AudioTooLongError(
+                f"{clip.id} is {clip.seconds:.1f} s long: a given text is aligned to one 30 s window at most; "
+                "without a text the target's transcript is aligned window by window"
+            )
+        tokens = target.tokenizer.encode(" " + text.strip(), add_special_tokens=False)
+        aligner = self.aligner(settings.aligner)
+        frames, words = align_window(target, aligner, clip.audio, tokens)
+        return ClipReference(aligner.name, [tokens], frames, words)
+
+
+def align_window(target: WhisperTarget, aligner: Aligner, audio, tokens: list[int]) -> tuple[list, list]:
+    """The window's frame of each token and the times of its words; none where the tokens hold no word."""
+    text = target.decode_text(tokens)
+    if not normalize_for_alignment(text):
+        return [None] * len(tokens), []
+    words = aligner.align(audio, text)
+    return frames_from_words(target, tokens, words, len(audio)), words
+
+
+def _reference_file(path: Path, clip: Clip, target: WhisperTarget) -> ClipReference:
+    """Frames a user supplied: a JSON list with one clip frame (or null) per transcript token."""
+    try:
+        frames = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"cannot read reference frames from {path}: {error}") from error
+    if not isinstance(frames, list) or not all(f is None or isinstance(f, int) for f in frames):
+        raise ValueError(f"{path} must hold a JSON list of frame numbers (or null), one per transcript token")
+    if len(clip.audio) > target.window_samples:
+        raise ValueError("a reference file serves clips of one 30 s window; longer clips are aligned window by window")
+    return ClipReference("file", [[]], frames)

@@ -1,0 +1,395 @@
+import pickle
+import subprocess
+import sys
+from dataclasses import fields, replace
+from datetime import datetime
+from pathlib import Path
+
+import duckdb
+import pandas as pd
+import pytest
+
+from specasr.align import ClipReference, WordTime
+from specasr.metrics import acceptance, paired_bootstrap
+from specasr.store import (
+    RUN_TABLES,
+    SCHEMA_VERSION,
+    Store,
+    StoreBusyError,
+    StoreError,
+    _migrate,
+    _run_frames,
+    default_db_path,
+)
+from specasr.trace import CodeVersion, DraftStep, Round, Segment, Settings, Timings, Trace, VerifiedToken
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CODE = CodeVersion("1.2.3", "0123abcd", False)
+SPECULATIVE = Settings(draft="tiny-draft", k=3, runtime_layer=2)
+GREEDY = Settings()
+
+
+def speculative_trace(clip: str, accepted: list[int], settings: Settings = SPECULATIVE, text: str = "the cat sat up"):
+    """Rounds accepting these counts of K proposals. The step at round r and depth d has reference frame 10 r + d
+    and draft peak d * r frames off it; accepted steps keep an attention row, and depth 1 a window centre."""
+    k, start = settings.k, 0
+    rounds, steps = [], []
+    for r, count in enumerate(accepted):
+        proposed = [100 + r * k + d for d in range(k)]
+        rounds.append(Round(r, 0, start, proposed, count, 200 + r, draft_seconds=0.25, verify_seconds=0.5))
+        for depth in range(1, k + 1):
+            reference, kept = 10 * r + depth, depth <= count
+            step = DraftStep(
+                r,
+                depth,
+                proposed[depth - 1],
+                accepted=kept,
+                draft_peak=reference + depth * r,
+                window_centre=reference if depth == 1 else None,
+                reference_frame=reference,
+                attention=[0.25, 0.5, 0.125] if kept else None,
+            )
+            steps.append(step)
+        start += count + 1
+    tokens = list(range(start - 1))  # the last round's end-of-text is not a transcript token
+    return Trace(
+        clip,
+        settings,
+        tokens,
+        text,
+        clip_hash=f"hash-{clip}",
+        clip_seconds=2.5,
+        dataset="hand",
+        reference_text="the cat sat down",
+        code=CODE,
+        draft_name="tiny-draft@abcd",
+        draft_hash="abcd",
+        segments=[Segment(0, 0, 125, 0, len(tokens))],
+        reference_frames=[None if p == 0 else 2 * p for p in range(len(tokens))],
+        reference_source="pocketsphinx",
+        timings=Timings(features=0.125, encoder=0.25, decode=1.0, reference=0.5),
+        rounds=rounds,
+        steps=steps,
+        verified=[VerifiedToken(p, t, [p, p + 1]) for p, t in enumerate(tokens)],
+    )
+
+
+def greedy_trace(clip: str = "g1") -> Trace:
+    tokens = [5, 6, 7]
+    return Trace(
+        clip,
+        GREEDY,
+        tokens,
+        "hello there",
+        clip_hash=f"hash-{clip}",
+        clip_seconds=1.0,
+        dataset="other",
+        code=CODE,
+        segments=[Segment(0, 0, 50, 0, 3)],
+        timings=Timings(features=0.5, encoder=0.25, decode=0.25),
+        verified=[VerifiedToken(p, t, [p]) for p, t in enumerate(tokens)],
+    )
+
+
+def row_counts(path: Path, run_id: str) -> dict[str, int]:
+    with duckdb.connect(str(path)) as con:
+        return {
+            table: con.execute(f"SELECT count(*) FROM {table} WHERE run_id = ?", [run_id]).fetchone()[0]
+            for table in RUN_TABLES
+            if table != "clips"
+        }
+
+
+@pytest.fixture
+def store(tmp_path) -> Store:
+    return Store(tmp_path / "runs.duckdb")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Queries against hand-computed numbers
+
+
+@pytest.fixture
+def hand_runs(store):
+    """A speculative run of one trace (accepted 3, 1, 0, 2 of K = 3; one step without a reference) and a greedy run."""
+    trace = speculative_trace("c1", [3, 1, 0, 2])
+    trace.steps[-1] = replace(trace.steps[-1], reference_frame=None)
+    return store.write_run([trace], "decode"), store.write_run([greedy_trace()], "decode")
+
+
+def test_survival_pools_the_rounds_of_each_speculative_run(store, hand_runs):
+    speculative, greedy = hand_runs
+    table = store.survival([speculative, greedy])
+    assert table.run_id.tolist() == [speculative] * 4  # a greedy run has no rounds to score
+    assert table.depth.tolist() == [0, 1, 2, 3]
+    assert table.s.tolist() == [1.0, 0.75, 0.5, 0.25]
+    assert table.conditional.tolist()[1:] == pytest.approx([0.75, 2 / 3, 0.5])
+    assert pd.isna(table.conditional[0])
+
+
+def test_anchor_error_by_depth_skips_steps_without_a_reference(store, hand_runs):
+    speculative, greedy = hand_runs
+    table = store.anchor_error_by_depth([speculative, greedy])
+    # Errors are depth * round: depth 1 -> 0 1 2 3, depth 2 -> 0 2 4 6, depth 3 -> 0 3 6 (round 3 has no reference).
+    assert table.run_id.tolist() == [speculative] * 3
+    assert table.depth.tolist() == [1, 2, 3]
+    assert table.n.tolist() == [4, 4, 3]
+    assert table["median"].tolist() == [1.5, 3.0, 3.0]
+    assert table["mean"].tolist() == [1.5, 3.0, 3.0]
+    assert table.p90.tolist() == pytest.approx([2.7, 5.4, 5.4])
+
+
+def test_run_summary_counts_rows_and_scores_acceptance(store, hand_runs):
+    speculative, greedy = hand_runs
+    summary = store.run_summary([speculative, greedy]).set_index("run_id")
+    first = summary.loc[speculative]
+    assert (first.draft_name, first.window, first.k) == ("tiny-draft@abcd", "unrestricted", 3)
+    assert (first.clips, first.decodes, first.rounds, first.draft_steps, first.tokens) == (1, 1, 4, 12, 9)
+    assert (first.a1, first.L) == (0.75, 1.5)
+    assert first.a2c == pytest.approx(2 / 3)
+    assert first.seconds == 1.375  # features + encoder + decode; the reference pass is not the decode's time
+    assert first.median_wer == 0.25
+    second = summary.loc[greedy]
+    assert (second.draft_name, second.rounds, second.draft_steps, second.tokens) == ("none", 0, 0, 3)
+    assert second.seconds == 1.0
+    assert pd.isna(second.a1) and pd.isna(second.a2c) and pd.isna(second.L)
+    assert pd.isna(second.median_wer)  # no reference text
+
+
+def test_runs_lists_history_newest_first_and_filters(store, hand_runs):
+    speculative, greedy = hand_runs
+    history = store.runs()
+    assert history.run_id.tolist() == [greedy, speculative]
+    assert history.command.tolist() == ["decode", "decode"]
+    assert set(history.columns) >= {"created", "draft_name", "clips", "decodes", "rounds", "draft_steps", "git_commit"}
+    assert history.set_index("run_id").loc[speculative, "runtime_layer"] == 2
+    assert store.runs(draft="tiny").run_id.tolist() == [speculative]
+    assert store.runs(draft="tiny-draft").run_id.tolist() == [speculative]
+    assert store.runs(draft="none").run_id.tolist() == [greedy]
+    assert store.runs(k=3, window="unrestricted").run_id.tolist() == [speculative]
+    assert store.runs(dataset="other").run_id.tolist() == [greedy]
+    assert store.runs(target="whisper-base").empty
+    assert len(store.runs(since=datetime(2000, 1, 1), until="2999-01-01")) == 2
+    assert store.runs(until=datetime(2000, 1, 1)).empty
+
+
+def test_compare_runs_matches_clips_and_uses_first_repeats(store):
+    other = replace(SPECULATIVE, draft="other-draft")
+    arm_a = [speculative_trace("c1", [3, 1]), speculative_trace("c2", [1, 1]), speculative_trace("c1", [0, 0])]
+    arm_b = [speculative_trace(c, accepted, other) for c, accepted in (("c3", [3]), ("c2", [2, 0]), ("c1", [3, 3]))]
+    run_a = store.write_run(arm_a, "bench", repeats=[0, 0, 1])
+    run_b = store.write_run(arm_b, "bench")
+    table = store.compare_runs(run_a, run_b, draws=200).set_index("metric")
+    # Shared clips c1 and c2. a pools [3, 1, 1, 1]: s = 1, 1, 1/4, 1/4; b pools [3, 3, 2, 0]: s = 1, 3/4, 3/4, 1/2.
+    assert table.clips.tolist() == [2, 2, 2]
+    assert table.estimate.to_dict() == {"a1": -0.25, "a2c": 0.75, "L": 0.5}
+    matched_a, matched_b = arm_a[:2], [arm_b[2], arm_b[1]]
+    interval = paired_bootstrap(matched_a, matched_b, lambda traces: acceptance(traces).L, draws=200, seed=0)
+    assert (table.loc["L", "low"], table.loc["L", "high"]) == (interval.low, interval.high)
+    with pytest.raises(ValueError, match="unknown metric"):
+        store.compare_runs(run_a, run_b, metrics=["speed"])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Round trips
+
+
+def test_traces_come_back_equal(store):
+    speculative = [speculative_trace("c1", [3, 1, 0, 2]), speculative_trace("c2", [0]), speculative_trace("c1", [2])]
+    greedy = [greedy_trace()]
+    run = store.write_run(speculative, "bench", repeats=[0, 0, 1])
+    greedy_run = store.write_run(greedy, "decode")
+    assert store.traces(run) == speculative
+    assert store.traces(greedy_run) == greedy
+    assert store.traces(greedy_run)[0].reference_frames is None
+    with pytest.raises(StoreError, match="no run nonesuch in"):
+        store.traces("nonesuch")
+    with pytest.raises(KeyError):
+        store.run_summary([run, "nonesuch"])
+
+
+def test_schema_has_a_column_for_every_trace_field(store):
+    with duckdb.connect(str(store.path)) as con:
+        columns = {
+            table: {c for (c,) in con.execute(f"SELECT column_name FROM (DESCRIBE {table})").fetchall()}
+            for table in RUN_TABLES
+        }
+    levels = {"segments": Segment, "rounds": Round, "draft_steps": DraftStep, "verified_tokens": VerifiedToken}
+    for table, kind in levels.items():
+        assert {f.name for f in fields(kind)} <= columns[table]
+    assert {f.name for f in fields(Settings)} | {f.name for f in fields(CodeVersion)} <= columns["runs"]
+
+
+def test_write_run_refuses_mixed_or_empty_runs(store):
+    with pytest.raises(ValueError, match="at least one trace"):
+        store.write_run([], "decode")
+    with pytest.raises(ValueError, match="share their settings"):
+        store.write_run([speculative_trace("c1", [1]), greedy_trace()], "bench")
+    with pytest.raises(ValueError, match="repeat numbers"):
+        store.write_run([greedy_trace()], "bench", repeats=[0, 1])
+    assert store.runs().empty
+
+
+def test_parquet_export_imports_into_a_fresh_store(store, tmp_path):
+    traces = [speculative_trace("c1", [3, 1, 0, 2]), speculative_trace("c2", [0])]
+    run = store.write_run(traces, "bench")
+    store.write_run([greedy_trace()], "decode")
+    files = store.export_runs([run], tmp_path / "export")
+    assert sorted(f.name for f in files) == sorted(f"{table}.parquet" for table in RUN_TABLES)
+    fresh = Store(tmp_path / "fresh.duckdb")
+    assert fresh.import_runs(tmp_path / "export") == [run]
+    assert fresh.traces(run) == traces
+    assert fresh.runs().drop(columns="seconds").equals(store.runs(k=3).drop(columns="seconds"))
+    with duckdb.connect(str(fresh.path)) as con:
+        assert con.execute("SELECT count(*) FROM clips").fetchone() == (2,)  # the greedy run's clip stayed behind
+    with pytest.raises(StoreError, match="already holds run"):
+        fresh.import_runs(tmp_path / "export")
+
+
+def test_reference_frames_round_trip(store):
+    key = ("hash-c1", "whisper-tiny.en", "cpu", "float32", "pocketsphinx")
+    words = [WordTime("the", 0.25, 0.5, True), WordTime("cat", None, None, False)]
+    reference = ClipReference("pocketsphinx", [[1, 2], [3]], [10, None, 40], words)
+    assert store.reference(*key) is None
+    store.save_reference(*key, reference)
+    assert store.reference(*key) == reference
+    replaced = ClipReference("file", [[]], [], [])
+    store.save_reference(*key, replaced)
+    assert store.reference(*key) == replaced
+    assert store.reference("hash-c2", *key[1:]) is None
+
+
+def test_delete_run_removes_every_row_of_that_run_only(store):
+    kept_traces = [speculative_trace("c1", [2, 1])]
+    deleted = store.write_run([speculative_trace("c1", [3]), speculative_trace("c2", [1])], "bench")
+    kept = store.write_run(kept_traces, "bench")
+    store.delete_run(deleted)
+    assert set(row_counts(store.path, deleted).values()) == {0}
+    assert store.traces(kept) == kept_traces
+    assert store.runs().run_id.tolist() == [kept]
+    with duckdb.connect(str(store.path)) as con:
+        assert con.execute("SELECT clip_hash FROM clips").fetchall() == [("hash-c1",)]
+    with pytest.raises(KeyError, match=deleted):
+        store.delete_run(deleted)
+
+
+def test_default_path_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECASR_DB", str(tmp_path / "elsewhere.duckdb"))
+    assert default_db_path() == tmp_path / "elsewhere.duckdb"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Crashes and concurrency
+
+WRITE_AND_HANG = """
+import pickle, sys, time
+from specasr.store import Store, _run_frames
+store = Store(sys.argv[1])
+with open(sys.argv[2], "rb") as f:
+    traces = pickle.load(f)
+with store._connect() as con:
+    con.begin()
+    store._insert_run(con, _run_frames("killedrun", traces, "bench", None))
+    print("inserted", flush=True)
+    time.sleep(600)
+"""
+
+WRITE_RUNS = """
+import pickle, sys
+from specasr.store import Store
+store = Store(sys.argv[1])
+with open(sys.argv[2], "rb") as f:
+    traces = pickle.load(f)
+for run in range(int(sys.argv[3])):
+    store.write_run(traces, f"writer {sys.argv[4]} run {run}")
+"""
+
+
+def start_python(script: str, *args) -> subprocess.Popen:
+    command = [sys.executable, "-c", script, *map(str, args)]
+    return subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_a_killed_write_leaves_no_rows(store, tmp_path):
+    before = [speculative_trace("c1", [3, 1])]
+    kept = store.write_run(before, "decode")
+    # Thousands of rounds, and over a row group of verified tokens, so that DuckDB writes some of the uncommitted
+    # rows into the file itself.
+    big = speculative_trace("big", [1] * 3000)
+    big = replace(big, verified=[VerifiedToken(p, 7, [p, p]) for p in range(130_000)])
+    (tmp_path / "big.pickle").write_bytes(pickle.dumps([big]))
+    writer = start_python(WRITE_AND_HANG, store.path, tmp_path / "big.pickle")
+    try:
+        line = writer.stdout.readline()
+        assert line == "inserted\n", writer.stderr.read()
+        with pytest.raises(StoreBusyError, match="another process is writing"):
+            Store(store.path, timeout=0.2)
+    finally:
+        writer.kill()
+        writer.wait()
+    assert set(row_counts(store.path, "killedrun").values()) == {0}
+    reopened = Store(store.path)
+    assert reopened.runs().run_id.tolist() == [kept]
+    assert reopened.traces(kept) == before
+
+
+def test_concurrent_writers_lose_no_run(store, tmp_path):
+    trace = speculative_trace("c1", [3, 1, 0, 2])
+    (tmp_path / "trace.pickle").write_bytes(pickle.dumps([trace]))
+    writers = [start_python(WRITE_RUNS, store.path, tmp_path / "trace.pickle", 15, n) for n in range(2)]
+    for writer in writers:
+        _, stderr = writer.communicate(timeout=300)
+        assert writer.returncode == 0, stderr
+    history = store.runs()
+    assert sorted(history.command) == sorted(f"writer {n} run {run}" for n in range(2) for run in range(15))
+    assert (history.decodes == 1).all() and (history.rounds == 4).all() and (history.draft_steps == 12).all()
+    for run_id in history.run_id:
+        assert store.traces(run_id) == [trace]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Files from other versions, other programs, or none
+
+
+def test_an_older_schema_is_migrated_on_open(tmp_path):
+    path = tmp_path / "old.duckdb"
+    old = replace(speculative_trace("c1", [2, 0]), segments=[])  # schema 1 has no segments table
+    with duckdb.connect(str(path)) as con:
+        _migrate(con, path, target=1)
+        for table, frame in _run_frames("oldrun", [old], "decode", None).items():
+            if table != "segments":
+                con.register("frame", frame)
+                con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM frame")
+    store = Store(path)
+    with duckdb.connect(str(path)) as con:
+        assert con.execute("SELECT * FROM schema_version").fetchall() == [("specasr", SCHEMA_VERSION)]
+        tables = {t for (t,) in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+    assert {"segments", "reference_frames"} <= tables
+    assert store.runs().run_id.tolist() == ["oldrun"]
+    assert store.traces("oldrun") == [old]
+
+
+def test_a_newer_schema_is_refused(store):
+    with duckdb.connect(str(store.path)) as con:
+        con.execute("UPDATE schema_version SET version = version + 1")
+    message = f"newer specasr \\(schema {SCHEMA_VERSION + 1}, this one reads up to {SCHEMA_VERSION}\\)"
+    with pytest.raises(StoreError, match=message):
+        Store(store.path)
+
+
+def test_a_foreign_duckdb_file_is_refused(tmp_path):
+    path = tmp_path / "other.duckdb"
+    with duckdb.connect(str(path)) as con:
+        con.execute("CREATE TABLE inventory (item VARCHAR)")
+    with pytest.raises(StoreError, match="is not a specasr run store"):
+        Store(path)
+
+
+def test_a_file_that_is_not_a_database_is_refused_and_left_untouched(tmp_path):
+    path = tmp_path / "notes.duckdb"
+    content = b"these are my notes, not a database\n" * 200
+    path.write_bytes(content)
+    with pytest.raises(StoreError, match="not a valid DuckDB database"):
+        Store(path)
+    assert path.read_bytes() == content
+    assert list(tmp_path.iterdir()) == [path]
