@@ -3,7 +3,7 @@
 import argparse
 import json
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch.distributed as dist
@@ -126,14 +126,14 @@ def _clip(path: str, args: argparse.Namespace) -> Clip:
 def _decode(pipeline: Pipeline, clip: Clip, settings: Settings) -> Trace:
     try:
         return pipeline.decode(clip, settings)
+    except USER_ERRORS:
+        raise
     except ValueError as error:  # a window without reference frames, a runtime layer out of range, a bad file
-        if isinstance(error, USER_ERRORS):
-            raise
         raise UsageError(str(error)) from error
 
 
 def cmd_transcribe(args: argparse.Namespace) -> None:
-    trace = _decode(Pipeline(), _clip(args.audio, args), _settings(args))
+    trace = _decode(Pipeline(), _clip(args.audio, args), replace(_settings(args), verify_peaks=False))
     if args.json:
         record = {
             "text": trace.text,
@@ -151,7 +151,7 @@ def cmd_transcribe(args: argparse.Namespace) -> None:
 
 def cmd_eval(args: argparse.Namespace) -> None:
     utterances = load_manifest(args.speech_dir)[: args.limit]
-    pipeline, settings = Pipeline(), _settings(args)
+    pipeline, settings = Pipeline(), replace(_settings(args), verify_peaks=False)
     traces = [
         _decode(pipeline, u.clip(args.max_seconds), settings)
         for u in tqdm(utterances, desc=f"greedy {args.target}", unit="utt")

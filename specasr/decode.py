@@ -1,8 +1,9 @@
-"""Decoding loops: autoregressive greedy (the baseline) and speculative decoding with a draft.
+"""Decoding loops over one window's encoder output: autoregressive greedy (the baseline) and speculative decoding.
 
-Both are timed from the waveform. The speculative loop returns exactly the greedy tokens under
-exact arithmetic: the target verifies each block of proposals in one pass and keeps the longest
-prefix that matches its own greedy choice, plus its own next token.
+The speculative loop returns exactly the greedy tokens under exact arithmetic: the target verifies
+each block of proposals in one pass and keeps the longest prefix that matches its own greedy
+choice, plus its own next token. Rows are recorded in clip coordinates (`Origin`); the pipeline
+times the phases (`PhaseTimer`).
 """
 
 import time

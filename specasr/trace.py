@@ -210,7 +210,8 @@ _NESTED = {"settings", "code", "timings", *_ROWS}
 
 
 def _frame(rows: list, kind: type) -> pd.DataFrame:
-    frame = pd.DataFrame([asdict(r) for r in rows], columns=[f.name for f in fields(kind)])
+    columns = [f.name for f in fields(kind)]
+    frame = pd.DataFrame([[getattr(r, c) for c in columns] for r in rows], columns=columns)
     optional_ints = [f.name for f in fields(kind) if f.type == int | None]
     return frame.astype(dict.fromkeys(optional_ints, "Int64"))
 

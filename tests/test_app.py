@@ -52,4 +52,4 @@ def test_runs_page_lists_the_stored_runs(sample_clips):
     assert not page.exception and not page.error
     shown = page.dataframe[0].value
     assert len(shown) == len(Store().runs()) >= 1
-    assert {"run_id", "target", "draft", "window", "k", "clips"} <= set(shown.columns)
+    assert {"run_id", "target", "draft_name", "window", "k", "clips", "rounds", "draft_steps"} <= set(shown.columns)

@@ -1,6 +1,7 @@
 """The pipeline: one chain from clip to trace, long clips in windows, reference frames made once."""
 
 import dataclasses
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -8,6 +9,7 @@ import pytest
 from specasr import pipeline as pipeline_module
 from specasr.audio import SAMPLE_RATE, AudioTooLongError, Clip, split_windows
 from specasr.pipeline import Pipeline
+from specasr.store import Store
 from specasr.trace import Settings
 
 
@@ -103,6 +105,16 @@ def test_encoder_once_and_reference_only_when_needed_and_only_once(sample_clips,
     again = pipeline.decode(clip, Settings(draft="random", window="shift", k=2))
     assert calls == {"encode": 3, "greedy": 1, "align": 1}  # the clip's reference frames are reused
     assert again.reference_frames == trace.reference_frames and again.timings.reference < trace.timings.reference
+
+
+def test_reference_frames_are_reused_from_the_store_by_a_fresh_pipeline(sample_clips, tmp_path, monkeypatch):
+    store = Store(tmp_path / "runs.duckdb")
+    clip, settings = sample_clips[0].clip(), Settings(draft="random", window="correct")
+    first = Pipeline(store).decode(clip, settings)
+    later = Pipeline(store)  # a fresh pipeline knows nothing in memory
+    monkeypatch.setattr(pipeline_module, "greedy", lambda *a, **k: pytest.fail("greedy ran again"))
+    assert later.reference(clip, settings).frames == first.reference_frames
+    assert later.decode(clip, replace(settings, draft="random-no-audio")).reference_source == "pocketsphinx"
 
 
 def test_a_trace_is_complete_when_built_and_cannot_be_patched(pipeline, sample_clips):

@@ -1,4 +1,3 @@
-import pickle
 import subprocess
 import sys
 from dataclasses import fields, replace
@@ -281,12 +280,13 @@ def test_default_path_follows_the_environment(monkeypatch, tmp_path):
 # ---------------------------------------------------------------------------------------------------------------------
 # Crashes and concurrency
 
+# The writers build their traces with this module's helpers, as the test does.
 WRITE_AND_HANG = """
-import pickle, sys, time
+import sys, time
 from specasr.store import Store, _run_frames
+from tests.test_store import big_trace
 store = Store(sys.argv[1])
-with open(sys.argv[2], "rb") as f:
-    traces = pickle.load(f)
+traces = [big_trace()]
 with store._connect() as con:
     con.begin()
     store._insert_run(con, _run_frames("killedrun", traces, "bench", None))
@@ -295,14 +295,21 @@ with store._connect() as con:
 """
 
 WRITE_RUNS = """
-import pickle, sys
+import sys
 from specasr.store import Store
+from tests.test_store import speculative_trace
 store = Store(sys.argv[1])
-with open(sys.argv[2], "rb") as f:
-    traces = pickle.load(f)
-for run in range(int(sys.argv[3])):
-    store.write_run(traces, f"writer {sys.argv[4]} run {run}")
+traces = [speculative_trace("c1", [3, 1, 0, 2])]
+for run in range(int(sys.argv[2])):
+    store.write_run(traces, f"writer {sys.argv[3]} run {run}")
 """
+
+
+def big_trace() -> Trace:
+    """Thousands of rounds, and over a row group of verified tokens, so that DuckDB writes some of the uncommitted
+    rows into the file itself."""
+    big = speculative_trace("big", [1] * 3000)
+    return replace(big, verified=[VerifiedToken(p, 7, [p, p]) for p in range(130_000)])
 
 
 def start_python(script: str, *args) -> subprocess.Popen:
@@ -310,15 +317,10 @@ def start_python(script: str, *args) -> subprocess.Popen:
     return subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def test_a_killed_write_leaves_no_rows(store, tmp_path):
+def test_a_killed_write_leaves_no_rows(store):
     before = [speculative_trace("c1", [3, 1])]
     kept = store.write_run(before, "decode")
-    # Thousands of rounds, and over a row group of verified tokens, so that DuckDB writes some of the uncommitted
-    # rows into the file itself.
-    big = speculative_trace("big", [1] * 3000)
-    big = replace(big, verified=[VerifiedToken(p, 7, [p, p]) for p in range(130_000)])
-    (tmp_path / "big.pickle").write_bytes(pickle.dumps([big]))
-    writer = start_python(WRITE_AND_HANG, store.path, tmp_path / "big.pickle")
+    writer = start_python(WRITE_AND_HANG, store.path)
     try:
         line = writer.stdout.readline()
         assert line == "inserted\n", writer.stderr.read()
@@ -333,10 +335,9 @@ def test_a_killed_write_leaves_no_rows(store, tmp_path):
     assert reopened.traces(kept) == before
 
 
-def test_concurrent_writers_lose_no_run(store, tmp_path):
+def test_concurrent_writers_lose_no_run(store):
     trace = speculative_trace("c1", [3, 1, 0, 2])
-    (tmp_path / "trace.pickle").write_bytes(pickle.dumps([trace]))
-    writers = [start_python(WRITE_RUNS, store.path, tmp_path / "trace.pickle", 15, n) for n in range(2)]
+    writers = [start_python(WRITE_RUNS, store.path, 15, n) for n in range(2)]
     for writer in writers:
         _, stderr = writer.communicate(timeout=300)
         assert writer.returncode == 0, stderr
