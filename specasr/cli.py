@@ -4,6 +4,7 @@ import argparse
 import json
 import sys
 from dataclasses import asdict, replace
+from datetime import datetime
 from pathlib import Path
 
 import torch.distributed as dist
@@ -280,16 +281,24 @@ def cmd_bench(args: argparse.Namespace) -> None:
 
 def cmd_runs(args: argparse.Namespace) -> None:
     store = Store(args.db)
+    filters = {name: getattr(args, name) for name in ("target", "draft", "window", "k", "dataset", "since", "until")}
     if args.action == "list":
-        runs = store.runs(target=args.target, draft=args.draft, window=args.window, k=args.k)
+        runs = store.runs(**filters)
         if args.json:
             print(runs.to_json(orient="records", date_format="iso"))
         else:
             print(runs.to_string(index=False) if len(runs) else f"no runs in {store.path}")
-        return
-    if args.run_id is None:
+    elif args.action == "export":
+        if args.parquet is None:
+            raise UsageError("runs export needs --parquet DIR")
+        run_ids = [args.run_id] if args.run_id else store.runs(**filters).run_id.tolist()
+        if not run_ids:
+            raise UsageError(f"no run in {store.path} matches those filters")
+        for path in store.export_runs(run_ids, args.parquet):
+            print(path)
+    elif args.run_id is None:
         raise UsageError(f"runs {args.action} needs a run id (python -m specasr runs list)")
-    if args.action == "show":
+    elif args.action == "show":
         traces = store.traces(args.run_id)
         if args.json:
             print(json.dumps([asdict(t) for t in traces]))
@@ -297,11 +306,6 @@ def cmd_runs(args: argparse.Namespace) -> None:
             print(store.run_summary([args.run_id]).T.to_string(header=False))
             for trace in traces:
                 print(f"  {trace.clip_id}: {trace.text}")
-    elif args.action == "export":
-        if args.parquet is None:
-            raise UsageError("runs export needs --parquet DIR")
-        for path in store.export_runs([args.run_id], args.parquet):
-            print(path)
     elif args.action == "delete":
         store.delete_run(args.run_id)
         print(f"deleted run {args.run_id} from {store.path}")
@@ -380,10 +384,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["list", "show", "export", "import", "delete"])
     p.add_argument("run_id", metavar="RUN", nargs="?", default=None, help="run id (import: an export's folder)")
     p.add_argument("--parquet", type=Path, default=None, help="export: the folder for the Parquet files")
-    p.add_argument("--target", default=None, help="list: only runs of this target")
-    p.add_argument("--draft", default=None, help="list: only runs of this draft")
-    p.add_argument("--window", default=None, choices=WINDOWS, help="list: only runs with this window")
-    p.add_argument("--k", type=int, default=None, help="list: only runs with this K")
+    p.add_argument("--target", default=None, help="list, export: only runs of this target")
+    p.add_argument("--draft", default=None, help="list, export: only runs of this draft")
+    p.add_argument("--window", default=None, choices=WINDOWS, help="list, export: only runs with this window")
+    p.add_argument("--k", type=int, default=None, help="list, export: only runs with this K")
+    p.add_argument("--dataset", default=None, help="list, export: only runs that decoded clips of this dataset")
+    p.add_argument(
+        "--since", default=None, help="list, export: only runs created at or after this UTC time (2026-11-30)"
+    )
+    p.add_argument(
+        "--until",
+        type=datetime.fromisoformat,
+        default=None,
+        help="list, export: only runs created at or before this UTC time",
+    )
     p.add_argument("--json", action="store_true")
     _add_store_options(p, optional=False)
     p.set_defaults(run=cmd_runs)

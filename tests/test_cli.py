@@ -134,6 +134,10 @@ def test_a_decode_is_kept_and_listed_with_its_rounds_and_draft_steps(capsys, sam
     assert shown["tokens"] == decoded["tokens"] and len(shown["rounds"]) == len(decoded["rounds"])
     exported = tmp_path / "export"
     assert main(["runs", "export", decoded["run_id"], "--parquet", str(exported), "--db", db]) == 0
+    assert main(["runs", "export", "--target", "whisper-base", "--parquet", str(exported), "--db", db]) == 2
+    assert "no run" in capsys.readouterr().err
+    assert main(["runs", "list", "--since", "2020-01-01", "--until", "2020-12-31", "--json", "--db", db]) == 0
+    assert json.loads(capsys.readouterr().out) == []
     assert main(["runs", "delete", decoded["run_id"], "--db", db]) == 0
     assert len(list(exported.glob("*.parquet"))) >= 6 and "deleted run" in capsys.readouterr().out
     assert main(["runs", "list", "--json", "--db", db]) == 0
