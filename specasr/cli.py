@@ -390,7 +390,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--k", type=int, default=None, help="list, export: only runs with this K")
     p.add_argument("--dataset", default=None, help="list, export: only runs that decoded clips of this dataset")
     p.add_argument(
-        "--since", default=None, help="list, export: only runs created at or after this UTC time (2026-11-30)"
+        "--since",
+        type=datetime.fromisoformat,
+        default=None,
+        help="list, export: only runs created at or after this UTC time (2026-11-30)",
     )
     p.add_argument(
         "--until",
