@@ -3,6 +3,7 @@
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from datetime import datetime
 from pathlib import Path
@@ -16,6 +17,8 @@ from specasr.bench import benchmark, summary
 from specasr.cache import cache_dir
 from specasr.dataset import DEFAULT_SPEECH_DIR, load_manifest, spread
 from specasr.draft import DraftMismatchError, shipped_drafts
+from specasr.experiments import AGGREGATION, Grid, run_grid
+from specasr.experiments import tables as experiment_tables
 from specasr.metrics import acceptance, anchor_error_by_depth, word_error_rate
 from specasr.pipeline import Pipeline
 from specasr.store import Store, StoreError, default_db_path
@@ -64,8 +67,23 @@ def _add_clip_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_speculative_options(parser: argparse.ArgumentParser, several_drafts: bool = False) -> None:
+def _listed(kind: type) -> Callable[[str], tuple]:
+    def parse(text: str) -> tuple:
+        try:
+            return tuple(kind(value) for value in text.split(","))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected {kind.__name__} values separated by commas, got {text!r}"
+            ) from None
+
+    return parse
+
+
+def _add_speculative_options(parser: argparse.ArgumentParser, several_drafts: bool = False, grid: bool = False) -> None:
+    """grid: --window, --k and --threshold take comma-separated lists, the axes of an experiment."""
     about = "a shipped draft (python -m specasr drafts), a folder, random, or random-no-audio"
+    if grid:
+        about += "; shipped: every shipped draft of the target"
     if several_drafts:
         parser.add_argument("--draft", action="append", help=about + "; repeat it to compare drafts (default: random)")
     else:
@@ -73,11 +91,18 @@ def _add_speculative_options(parser: argparse.ArgumentParser, several_drafts: bo
     parser.add_argument(
         "--draft-dtype", default=None, choices=list(DTYPES), help="the draft's precision (default: the target's)"
     )
-    parser.add_argument("--k", type=int, default=4, help="most draft proposals per round")
-    parser.add_argument("--window", default="unrestricted", choices=WINDOWS)
+    if grid:
+        parser.add_argument("--k", type=_listed(int), default=(4,), help="proposals per round, e.g. 2,4")
+        parser.add_argument("--window", type=_listed(str), default=("unrestricted",), help=", ".join(WINDOWS))
+        parser.add_argument(
+            "--threshold", type=_listed(float), default=(0.0,), help="draft confidence stops, e.g. 0,0.3"
+        )
+    else:
+        parser.add_argument("--k", type=int, default=4, help="most draft proposals per round")
+        parser.add_argument("--window", default="unrestricted", choices=WINDOWS)
+        parser.add_argument("--threshold", type=float, default=0.0, help="stop proposing below this draft confidence")
     parser.add_argument("--half-width-ms", type=float, default=400.0)
     parser.add_argument("--runtime-layer", type=int, default=None, help="target decoder layer (0-based) for runtime")
-    parser.add_argument("--threshold", type=float, default=0.0, help="stop proposing below this draft confidence")
     parser.add_argument(
         "--reference",
         default="auto",
@@ -279,6 +304,53 @@ def cmd_bench(args: argparse.Namespace) -> None:
             print(f"stored {name} as run {run_id} in {store.path}")
 
 
+def _expand_shipped(draft: str, target: str) -> list[str]:
+    """`shipped`: every draft that comes with specasr for the target."""
+    if draft != "shipped":
+        return [draft]
+    names = shipped_drafts(target)
+    if not names:
+        raise UsageError(f"no shipped drafts for {target} (python -m specasr drafts)")
+    return names
+
+
+def cmd_experiment(args: argparse.Namespace) -> None:
+    try:
+        base = Settings(
+            target=args.target,
+            device=args.device,
+            dtype=args.dtype,
+            draft_dtype=args.draft_dtype,
+            half_width_ms=args.half_width_ms,
+            runtime_layer=args.runtime_layer,
+            aligner=args.aligner,
+            max_seconds=args.max_seconds,
+        )
+        drafts = [name for draft in args.draft or ["random"] for name in _expand_shipped(draft, args.target)]
+        grid = Grid(base, tuple(drafts), args.window, args.k, args.threshold)
+        grid.cells()  # checks every cell's settings before any work
+    except ValueError as error:
+        raise UsageError(str(error)) from error
+    clips = [u.clip(args.max_seconds) for u in spread(load_manifest(args.data), args.clips)]
+    store = Store(args.db)
+    baseline, runs = run_grid(Pipeline(store), store, grid, clips, args.repeats)
+    cells, contrasts = experiment_tables(store, baseline, runs)
+    best = cells.loc[cells.decode_speedup.idxmax()]
+    if args.json:
+        record = {"aggregation": AGGREGATION, "baseline_run": baseline, "cells": cells.to_dict("records")}
+        print(json.dumps(record | {"contrasts": contrasts.to_dict("records"), "best_run": best.run_id}))
+        return
+    print(f"{args.target} on {len(clips)} clips of {args.data} x {args.repeats} repeats; greedy run {baseline}")
+    print(AGGREGATION)
+    print(cells.drop(columns="s").to_string(index=False, float_format="%.3f"))
+    if len(contrasts):
+        print(contrasts.to_string(index=False, float_format="%+.3f"))
+    print(
+        f"fastest cell: {best.draft} {best.window} K={best.k} threshold={best.threshold:g}, "
+        f"decode speedup {best.decode_speedup:.3f}x [{best.decode_speedup_low:.3f}, {best.decode_speedup_high:.3f}]"
+    )
+
+
 def cmd_runs(args: argparse.Namespace) -> None:
     store = Store(args.db)
     filters = {name: getattr(args, name) for name in ("target", "draft", "window", "k", "dataset", "since", "until")}
@@ -404,6 +476,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     _add_store_options(p, optional=False)
     p.set_defaults(run=cmd_runs)
+
+    p = commands.add_parser("experiment", help="a grid of drafts x windows x K x thresholds, kept in the store")
+    p.add_argument("--data", type=Path, default=DEFAULT_SPEECH_DIR, help="folder with a manifest.tsv")
+    p.add_argument("--clips", type=int, default=20, help="N clips spread evenly over the manifest")
+    p.add_argument("--repeats", type=int, default=1)
+    _add_clip_options(p)
+    _add_speculative_options(p, several_drafts=True, grid=True)
+    _add_store_options(p, optional=False)
+    p.add_argument("--json", action="store_true", help="print one JSON object with cells and contrasts")
+    p.set_defaults(run=cmd_experiment)
 
     p = commands.add_parser("train", help="train a draft (control, anchordraft or no-audio) for a target")
     _add_target_options(p)

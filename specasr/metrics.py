@@ -166,44 +166,63 @@ class Interval:
 
 
 def paired_bootstrap(
-    arm_a: list[Trace],
-    arm_b: list[Trace],
-    metric: Callable[[list[Trace]], float],
+    arm_a: Sequence,
+    arm_b: Sequence,
+    metric: Callable[[list], float],
     draws: int = 5000,
     seed: int = 42,
     level: float = 0.95,
 ) -> Interval:
     """Percentile interval for metric(arm_b) - metric(arm_a) by paired utterance resampling.
 
-    The arms are matched (same utterances, same order); each draw applies the same resampled
-    indices to both. Draws where the metric is undefined (ValueError, None or NaN) are skipped.
+    The arms are matched (same utterances, same order: traces, or any per-utterance records with a clip_id);
+    each draw applies the same resampled indices to both.
     """
-    if len(arm_a) != len(arm_b) or not arm_a:
-        raise ValueError(f"arms must be matched and non-empty, got {len(arm_a)} and {len(arm_b)} utterances")
-    for i, (a, b) in enumerate(zip(arm_a, arm_b, strict=True)):
+    for i, (a, b) in enumerate(zip(arm_a, arm_b, strict=False)):
         if a.clip_id != b.clip_id:
             raise ValueError(f"arms differ at utterance {i}: {a.clip_id!r} vs {b.clip_id!r}")
-    estimate = _difference(metric, arm_a, arm_b)
+
+    def difference(a: list, b: list) -> float | None:
+        before, after = metric(a), metric(b)
+        return None if before is None or after is None else after - before
+
+    return bootstrap(difference, [arm_a, arm_b], draws, seed, level)
+
+
+def bootstrap(
+    statistic: Callable[..., float | None],
+    arms: list[Sequence],
+    draws: int = 10_000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> Interval:
+    """Percentile interval for statistic(*arms) by resampling utterances: the arms are matched lists (one item per
+    utterance, same order), and each draw takes the same indices from every arm. Draws where the statistic is
+    undefined (ValueError, None or NaN) are skipped; more than half undefined is an error."""
+    sizes = {len(arm) for arm in arms}
+    if len(sizes) != 1 or not sizes.pop():
+        raise ValueError(f"arms must be matched and non-empty, got {[len(arm) for arm in arms]} utterances")
+    estimate = _defined(statistic, arms)
     rng = np.random.default_rng(seed)
-    differences = []
+    values = []
     for _ in range(draws):
-        index = rng.integers(0, len(arm_a), size=len(arm_a)).tolist()
+        index = rng.integers(0, len(arms[0]), size=len(arms[0])).tolist()
         try:
-            differences.append(_difference(metric, [arm_a[i] for i in index], [arm_b[i] for i in index]))
+            values.append(_defined(statistic, [[arm[i] for i in index] for arm in arms]))
         except ValueError:
             continue
-    if len(differences) * 2 < draws:
-        raise ValueError(f"metric undefined in {draws - len(differences)} of {draws} bootstrap draws")
-    low, high = np.quantile(differences, [(1 - level) / 2, (1 + level) / 2])
+    if len(values) * 2 < draws:
+        raise ValueError(f"statistic undefined in {draws - len(values)} of {draws} bootstrap draws")
+    low, high = np.quantile(values, [(1 - level) / 2, (1 + level) / 2])
     return Interval(estimate, float(low), float(high))
 
 
-def _difference(metric: Callable[[list[Trace]], float], arm_a: list[Trace], arm_b: list[Trace]) -> float:
-    """metric(arm_b) - metric(arm_a); ValueError where either is undefined."""
-    a, b = metric(arm_a), metric(arm_b)
-    if a is None or b is None or math.isnan(a) or math.isnan(b):
-        raise ValueError(f"metric is undefined on this sample ({a} and {b})")
-    return float(b - a)
+def _defined(statistic: Callable[..., float | None], arms: list[list]) -> float:
+    """statistic(*arms) as a float; ValueError where it is undefined."""
+    value = statistic(*arms)
+    if value is None or math.isnan(value):
+        raise ValueError(f"statistic is undefined on this sample ({value})")
+    return float(value)
 
 
 @dataclass

@@ -389,6 +389,19 @@ class Store:
         with self._connect() as con:
             return _overview(con, where, chosen)
 
+    def decoded(self, command: str) -> list[tuple[str, Settings, frozenset[tuple[str, int]]]]:
+        """Every run of `command`, oldest first: its id, its settings and the (clip hash, repeat) pairs it decoded."""
+        settings = _columns(SETTINGS_COLUMNS)
+        with self._connect() as con:
+            rows = con.execute(
+                f"SELECT run_id, {settings}, list((clip_hash, repeat)) FROM runs JOIN decodes USING (run_id) "
+                f"WHERE command = ? GROUP BY ALL ORDER BY min(created), run_id",
+                [command],
+            ).fetchall()
+        return [
+            (run_id, Settings(*values), frozenset(tuple(pair) for pair in clips)) for run_id, *values, clips in rows
+        ]
+
     # Deleting
 
     def delete_run(self, run_id: str) -> None:

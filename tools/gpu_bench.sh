@@ -8,9 +8,9 @@ set -euo pipefail
 source tools/gpu_setup.sh
 for run in ${RUNS:-4:2 2:1}; do  # K:repeats
     for target in whisper-tiny.en whisper-base; do
-        python3 -m scripts.evaluate_drafts --device cuda --dtype float16 --target $target --speech-dir $stage/speech \
-            --clips ${CLIPS:-78} --k ${run%:*} --repeats ${run#*:} 2>&1 | grep -v -E "$quiet" | tee -a $out/evaluate.txt \
-            || echo "FAILED: $target $run"
+        python3 -m specasr experiment --device cuda --dtype float16 --target $target --draft shipped \
+            --data $stage/speech --clips ${CLIPS:-78} --k ${run%:*} --repeats ${run#*:} --db $out/runs.duckdb 2>&1 \
+            | grep -v -E "$quiet" | tee -a $out/evaluate.txt || echo "FAILED: $target $run"
     done
 done
 start=$(date +%s.%N)
