@@ -455,27 +455,30 @@ def token_frames(
 
     The cumulative prefix of non-special tokens is decoded; a token takes the time of its last newly added
     alphanumeric character, counted by position in the lowercase alphanumeric string (so byte-level merges that
-    rewrite earlier characters do not shift the count). A token adding none (punctuation, a partial UTF-8 byte)
-    reuses the latest character's time. Special tokens get None. `char_times[i]` is the time of the i-th
-    alphanumeric character of the decoded transcript (see char_times_from_words). Frames are rounded to
-    `frame_seconds` and clipped to the valid (non-padding) frames; for Whisper, 0.02 s and ceil(samples / 320).
+    rewrite earlier characters do not shift the count); None if that character has no time. A token adding none
+    (punctuation, a partial UTF-8 byte) reuses the latest valid time an earlier token took, skipping unaligned
+    ones; None if there was none yet. Special tokens get None. `char_times[i]` is the time of the i-th alphanumeric
+    character of the decoded transcript (see char_times_from_words). Frames are rounded to `frame_seconds` and
+    clipped to the valid (non-padding) frames; for Whisper, 0.02 s and ceil(samples / 320).
     """
     if valid_frames < 1:
         raise ValueError(f"valid_frames must be positive, got {valid_frames}")
     frames: list[int | None] = []
     prefix: list[int] = []
     covered = 0  # alphanumeric characters decoded so far
-    latest: float | None = None
+    latest_valid: float | None = None
     for token in token_ids:
         if token in special_ids:
             frames.append(None)
             continue
         prefix.append(token)
         count = len(_alphanumerics(decode(prefix)))
+        time = latest_valid
         if count > covered:
             if count > len(char_times):
                 raise ValueError(f"the tokens decode to more alphanumerics than char_times holds ({len(char_times)})")
             covered = count
-            latest = char_times[count - 1]
-        frames.append(None if latest is None else _frame(latest, frame_seconds, valid_frames))
+            time = char_times[count - 1]
+            latest_valid = latest_valid if time is None else time
+        frames.append(None if time is None else _frame(time, frame_seconds, valid_frames))
     return frames

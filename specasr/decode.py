@@ -16,7 +16,7 @@ from torch import Tensor
 from specasr.draft import Draft
 from specasr.targets import WhisperTarget
 from specasr.trace import DraftStep, Round, Settings, Timings, VerifiedToken
-from specasr.windows import NO_WINDOW, WindowPolicy
+from specasr.windows import NO_WINDOW, RUNTIME_WINDOWS, WindowPolicy
 
 
 class PhaseTimer:
@@ -131,6 +131,17 @@ def speculative(
         return _SpeculativeLoop(target, draft, memory, valid_frames, settings, reference, origin).run()
 
 
+def accepted_length(proposed: list[int], choices: list[int], eot: int) -> int:
+    """How many proposals the target keeps: the longest prefix matching its choices (one more than the proposals),
+    up to an end-of-text; nothing after one belongs to the transcript, so nothing after it counts as accepted."""
+    for depth, (proposal, choice) in enumerate(zip(proposed, choices[:-1], strict=True)):
+        if proposal != choice:
+            return depth
+        if proposal == eot:
+            return depth + 1
+    return len(proposed)
+
+
 class _SpeculativeLoop:
     def __init__(self, target, draft, memory, valid_frames, settings, reference, origin):
         self.target, self.draft, self.settings, self.origin = target, draft, settings, origin
@@ -143,7 +154,7 @@ class _SpeculativeLoop:
             raise ValueError(f"runtime layer {runtime_layer} outside the target's {target.n_layers} decoder layers")
         self.runtime_layer = runtime_layer
         self.attention_layers = tuple(range(target.n_layers)) if settings.verify_peaks else ()
-        if settings.window == "runtime" and not settings.verify_peaks:
+        if settings.window in RUNTIME_WINDOWS and not settings.verify_peaks:
             self.attention_layers = (runtime_layer,)
         self.stopwatch = Stopwatch(self.device)
         self.tokens: list[int] = []
@@ -160,8 +171,9 @@ class _SpeculativeLoop:
             return
         rows = slice(first_row, first_row + len(new))
         peaks = _peaks(cross_attention, rows, self.policy.valid_frames, Origin())  # (tokens, layers), segment frames
-        if self.settings.window == "runtime":
-            self.policy.runtime_centre = peaks[len(new) - 1][self.attention_layers.index(self.runtime_layer)]
+        if self.settings.window in RUNTIME_WINDOWS:
+            layer = self.attention_layers.index(self.runtime_layer)
+            self.policy.observe_verified(len(self.tokens), [row[layer] for row in peaks])
         if self.settings.verify_peaks:
             start = self.origin.token + len(self.tokens)
             self.result.verified += [
@@ -223,9 +235,7 @@ class _SpeculativeLoop:
 
         choices = choices.tolist()  # the round's one host synchronisation
         proposed = block[0, 1:].tolist()
-        accepted = 0
-        while accepted < len(proposed) and proposed[accepted] == choices[accepted]:
-            accepted += 1
+        accepted = accepted_length(proposed, choices, target.eot)
         new = [*proposed[:accepted], choices[accepted]]
         if target.eot in new:
             new = new[: new.index(target.eot) + 1]

@@ -18,6 +18,7 @@ from specasr.decode import Origin, PhaseTimer, greedy, speculative
 from specasr.draft import Draft, resolve_draft
 from specasr.targets import DTYPES, WhisperTarget, load_target
 from specasr.trace import REFERENCE_SOURCES, Segment, Settings, Trace, code_version
+from specasr.windows import RUNTIME_WINDOWS
 
 if TYPE_CHECKING:
     from specasr.store import Store
@@ -62,7 +63,7 @@ class Pipeline:
         if settings.draft is None:
             return replace(settings, k=0, window="unrestricted", half_width_ms=0.0, runtime_layer=None, threshold=0.0)
         layer = settings.runtime_layer
-        if settings.window == "runtime" and layer is None:
+        if settings.window in RUNTIME_WINDOWS and layer is None:
             layer = self.target(settings).runtime_layer
         return replace(settings, draft_dtype=settings.draft_dtype or settings.dtype, runtime_layer=layer)
 

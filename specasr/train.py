@@ -12,7 +12,7 @@ import json
 import math
 import os
 from collections import Counter
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import torch
@@ -24,17 +24,18 @@ from tqdm import tqdm
 
 from specasr.cache import atomic_directory
 from specasr.draft import Draft, DraftConfig, load_draft, save_draft
-from specasr.targets import WhisperTarget
+from specasr.targets import FRAME_SECONDS, WhisperTarget
 from specasr.trainset import SENTENCES, Example
 
-VARIANTS = {"control": (True, 0.0), "anchordraft": (True, 0.1), "no-audio": (False, 0.0)}  # audio, lambda
+VARIANTS = {"control": (True, 0.0), "anchordraft": (True, 0.1), "no-audio": (False, 0.0)}  # audio, default lambda
 
 
 @dataclass
 class Batch:
     """Padded examples. T = longest input sequence, F = longest real audio, in frames."""
 
-    features: Tensor  # (B, T, len(taps) * d): target features f_t at the draft's taps
+    features: Tensor  # (B, T, len(taps) * d): clean target features f_t at the draft's taps, the regression targets
+    input_features: Tensor  # (B, T, len(taps) * d): the features the draft reads at depth 1 (noised in training)
     inputs: Tensor  # (B, T) the token x_{t+1} read at position t
     targets: Tensor  # (B, T) the token x_{t+2} to predict at position t (-100: no loss)
     frames: Tensor  # (B, T) reference frame of x_{t+2} (-1: none, no anchor loss)
@@ -86,10 +87,20 @@ def _chain_mask(depth: int, length: int, device: torch.device) -> Tensor:
     return torch.cat(blocks, dim=1)
 
 
+def with_feature_noise(batch: Batch, scale: Tensor, generator: torch.Generator) -> Batch:
+    """The batch with Gaussian noise of width `scale` (per feature) on the features the draft reads; the features it
+    regresses onto stay clean (paper C.1)."""
+    noise = torch.randn(batch.features.shape, generator=generator, device=batch.features.device)
+    return replace(batch, input_features=batch.features + scale * noise)
+
+
 def unrolled_loss(
     draft: Draft, batch: Batch, depths: int, anchor_weight: float, sigma: float, feature_weight: float = 0.5
 ) -> LossParts:
-    """Token cross-entropy + feature smooth-L1 + anchor loss, averaged over the unrolled depths."""
+    """Token cross-entropy + feature smooth-L1 + anchor loss, averaged over the unrolled depths.
+
+    Depth 1 reads `batch.input_features`; every depth regresses onto the clean next features. sigma is in frames.
+    """
     length = batch.inputs.shape[1]
     device = batch.inputs.device
     positions = torch.arange(length, device=device)
@@ -97,7 +108,8 @@ def unrolled_loss(
     audio = draft.audio_memory(batch.memory) if draft.config.audio else None
     audio_mask = (torch.arange(batch.memory.shape[1], device=device) < batch.valid_frames[:, None])[:, None, :]
     keys, values = [], []
-    features = batch.features
+    features = batch.input_features
+    next_features = batch.features[:, 1:]
     token_losses, feature_losses, anchor_losses = [], [], []
     for depth in range(1, depths + 1):
         x = draft.embed(features, batch.inputs, positions)
@@ -109,7 +121,6 @@ def unrolled_loss(
         # A depth-j step exists only from position j - 1 on; earlier rows see no keys of their own chain.
         targets = batch.targets.masked_fill(positions[None, :] < depth - 1, -100)
         token_losses.append(F.cross_entropy(draft.logits(out.hidden).transpose(1, 2).float(), targets))
-        next_features = batch.features[:, 1:]
         has_next = (real[:, 1:] & (positions[None, 1:] >= depth - 1))[..., None]
         feature_error = F.smooth_l1_loss(out.features[:, :-1].float(), next_features.float(), reduction="none")
         feature_losses.append(
@@ -142,9 +153,10 @@ class TrainConfig:
     lr: float = 1e-3
     weight_decay: float = 0.01
     grad_clip: float = 1.0
-    feature_noise: float = 0.6  # Gaussian input noise, in units of each feature's standard deviation
+    feature_noise: float = 0.6  # Gaussian noise on the draft's input features, in units of each feature's std
     feature_weight: float = 0.5
-    sigma: float = 5.0  # frames, for the anchor target
+    anchor_weight: float | None = None  # lambda; None: the variant's (0.1 for anchordraft, 0 otherwise)
+    sigma_ms: float = 400.0  # width of the anchor target: the paper's sigma = 5 on its ~80 ms grid
     unroll: int = 3  # draft depths trained per position
     taps: tuple[int, ...] | None = None  # target decoder layers the draft reads; None: low, middle and top
     ffn_dim: int | None = None  # the draft's feed-forward width; None: the target's width
@@ -154,14 +166,21 @@ class TrainConfig:
     def __post_init__(self):
         if self.variant not in VARIANTS:
             raise ValueError(f"unknown variant {self.variant!r}; choose one of {', '.join(VARIANTS)}")
+        if self.anchor_weight is None:
+            self.anchor_weight = VARIANTS[self.variant][1]  # resolved here, so the checkpoint records the number
+        if self.anchor_weight < 0 or (self.anchor_weight > 0 and not self.audio):
+            raise ValueError(f"anchor_weight must be >= 0, and 0 for no-audio (no attention); got {self.anchor_weight}")
+        if self.sigma_ms <= 0 or self.feature_noise < 0:
+            raise ValueError(f"need sigma_ms > 0 and feature_noise >= 0; got {self.sigma_ms}, {self.feature_noise}")
 
     @property
     def audio(self) -> bool:
         return VARIANTS[self.variant][0]
 
     @property
-    def anchor_weight(self) -> float:
-        return VARIANTS[self.variant][1]
+    def sigma_frames(self) -> float:
+        """The anchor target's width on the target's encoder grid."""
+        return self.sigma_ms / 1000 / FRAME_SECONDS
 
 
 def draft_vocabulary(
@@ -188,8 +207,10 @@ def collate(examples: list[Example], taps: tuple[int, ...], prompt_length: int, 
     length = max(len(e.tokens) - 1 for e in examples)
     n_frames = max(e.memory.shape[0] for e in examples)
     d = examples[0].memory.shape[1]
+    features = torch.zeros(len(examples), length, len(taps) * d)
     batch = Batch(
-        features=torch.zeros(len(examples), length, len(taps) * d),
+        features=features,
+        input_features=features,
         inputs=torch.zeros(len(examples), length, dtype=torch.long),
         targets=torch.full((len(examples), length), -100),
         frames=torch.full((len(examples), length), -1),
@@ -269,9 +290,7 @@ def train(
             for group in optimizer.param_groups:
                 group["lr"] = cosine_lr(step, total_steps, config.lr)
             batch = _to(collate([examples[j] for j in indices], taps, len(target.prompt), to_draft), device)
-            batch.features = batch.features + noise_scale * torch.randn(
-                batch.features.shape, generator=noise, device=device
-            )
+            batch = with_feature_noise(batch, noise_scale, noise)
             parts = model(batch)
             optimizer.zero_grad(set_to_none=True)
             parts.total.backward()
@@ -299,7 +318,7 @@ class Objective(nn.Module):
 
     def forward(self, batch: Batch) -> LossParts:
         c = self.config
-        return unrolled_loss(self.draft, batch, c.unroll, c.anchor_weight, c.sigma, c.feature_weight)
+        return unrolled_loss(self.draft, batch, c.unroll, c.anchor_weight, c.sigma_frames, c.feature_weight)
 
 
 def _to(batch: Batch, device: torch.device) -> Batch:

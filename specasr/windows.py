@@ -1,8 +1,10 @@
 """Window conditions on the draft's audio cross-attention: where each step's window is centred, and its mask.
 
-All restricted conditions share one half-width; only the centre moves. The runtime centre is handed in by the
-loop (the target's verification attention peak for the last verified token), never computed here.
+All restricted conditions share one half-width; only the centre moves. The runtime conditions' positions are
+handed in by the loop (the target's verification attention peak of each verified token), never read here.
 """
+
+from collections import deque
 
 import numpy as np
 import torch
@@ -10,8 +12,10 @@ from torch import Tensor
 
 from specasr.targets import FRAME_SECONDS
 
-WINDOWS = ("unrestricted", "correct", "shift", "random", "pointer", "runtime")
+WINDOWS = ("unrestricted", "correct", "shift", "random", "pointer", "runtime", "runtime-paced")
 REFERENCE_WINDOWS = ("correct", "shift", "pointer")  # the ones centred from reference frames
+RUNTIME_WINDOWS = ("runtime", "runtime-paced")  # the ones centred from verification attention
+PACE_TOKENS = 8  # recent verified tokens whose peaks set runtime-paced's frames per token
 SHIFT_SECONDS = 0.5
 NO_WINDOW = -1
 
@@ -40,10 +44,14 @@ class WindowPolicy:
         self.half_width = round(half_width_ms / 1000 / FRAME_SECONDS)
         self.reference = reference or []
         self.rng = np.random.default_rng(0)
-        self.runtime_centre = NO_WINDOW
+        self.verified_peaks: deque[tuple[int, int]] = deque(maxlen=PACE_TOKENS)  # (token index, frame)
 
     def _clip(self, frame: float) -> int:
         return int(min(max(round(frame), 0), self.valid_frames - 1))
+
+    def observe_verified(self, first: int, peaks: list[int]) -> None:
+        """The verification attention peaks (runtime layer) of transcript tokens first, first + 1, ..."""
+        self.verified_peaks.extend(enumerate(peaks, start=first))
 
     def reference_frame(self, i: int) -> int | None:
         return self.reference[i] if 0 <= i < len(self.reference) else None
@@ -55,7 +63,9 @@ class WindowPolicy:
         if self.kind == "random":
             return int(self.rng.integers(self.valid_frames))
         if self.kind == "runtime":
-            return self.runtime_centre
+            return self.verified_peaks[-1][1] if self.verified_peaks else NO_WINDOW
+        if self.kind == "runtime-paced":
+            return self._extrapolate(list(self.verified_peaks), i)
         if self.kind == "pointer":
             return self._pointer(i, verified)
         frame = self.reference_frame(i)
@@ -65,8 +75,12 @@ class WindowPolicy:
         return self._clip(frame + shift)
 
     def _pointer(self, i: int, verified: int) -> int:
-        """Extrapolate from the reference frames of tokens already verified, at their mean rate."""
+        """Extrapolate from the reference frames of tokens already verified."""
         known = [(j, f) for j in range(min(verified, len(self.reference))) if (f := self.reference[j]) is not None]
+        return self._extrapolate(known, i)
+
+    def _extrapolate(self, known: list[tuple[int, int]], i: int) -> int:
+        """Token i's frame from (token, frame) pairs: the last one moved on at their mean rate, first to last."""
         if not known:
             return NO_WINDOW
         (j0, f0), (j1, f1) = known[0], known[-1]

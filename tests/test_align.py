@@ -53,11 +53,18 @@ def test_frames_are_clipped_to_the_valid_audio():
     assert frames == [15, 30, 39]
 
 
-def test_unaligned_characters_stay_none_and_punctuation_does_not_borrow_an_older_time():
+def test_unaligned_characters_stay_none_and_punctuation_reuses_the_latest_valid_time():
     times = tenth_seconds(9)
     times[3:6] = [None, None, None]  # "cat" could not be aligned
     frames = token_frames([10, 11, 12, 13], decode, times, set(), valid_frames=1500)
-    assert frames == [15, None, None, 45]
+    assert frames == [15, None, 15, 45]
+
+
+def test_punctuation_after_only_unaligned_characters_has_no_time():
+    times = tenth_seconds(6)
+    times[0:3] = [None, None, None]  # "the" could not be aligned
+    frames = token_frames([10, 12, 11], decode, times, set(), valid_frames=1500)
+    assert frames == [None, None, 30]
 
 
 def test_partial_utf8_bytes_add_no_character_until_completed():

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from specasr.decode import greedy, greedy_tokens, speculative
 from specasr.draft import Draft, random_draft
 from specasr.trace import Settings, Trace
-from specasr.windows import WINDOWS
+from specasr.windows import NO_WINDOW, WINDOWS, WindowPolicy
 from tests.conftest import random_whisper_target
 
 
@@ -57,6 +57,7 @@ def test_speculative_equals_greedy_on_random_models(
     assert len(tokens) <= 1 + sum(r.accepted + 1 for r in rounds)  # the first token comes from the prompt pass
     assert all(1 <= len(r.proposed) <= k for r in rounds[:-1])
     assert [v.token for v in verified] == tokens
+    assert all(target.eot not in r.proposed[: r.accepted][:-1] for r in rounds)  # nothing accepted after the end
     assert len(steps) == sum(len(r.proposed) for r in rounds)
 
 
@@ -70,6 +71,63 @@ def test_random_models_exercise_partial_and_full_acceptance():
         rounds = speculative(target, draft, memory, 40, Settings(draft="random", k=4)).rounds
         accepted |= {r.accepted for r in rounds}
     assert {0, 4} <= accepted and accepted & {1, 2, 3}
+
+
+def test_runtime_paced_centre_moves_on_at_the_recent_frames_per_token():
+    paced = WindowPolicy("runtime-paced", 400.0, valid_frames=30, reference=None)
+    assert paced.centre(0, verified=0) == NO_WINDOW  # nothing verified yet
+    paced.observe_verified(0, [10])
+    assert paced.centre(1, verified=1) == 10  # one peak: no pace yet
+    paced.observe_verified(1, [12, 14, 17])  # tokens 0..3 at frames 10, 12, 14, 17: 7/3 frames per token
+    # Depths 1..6 predict tokens 4..9: 17 + 7/3 * depth, rounded, clipped to the 30 valid frames.
+    assert [paced.centre(i, verified=4) for i in range(4, 10)] == [19, 22, 24, 26, 29, 29]
+    runtime = WindowPolicy("runtime", 400.0, valid_frames=30, reference=None)
+    runtime.observe_verified(0, [10, 12, 14, 17])
+    assert [runtime.centre(i, verified=4) for i in range(4, 10)] == [17] * 6
+
+
+def test_runtime_paced_reads_its_pace_from_the_last_eight_verified_tokens():
+    paced = WindowPolicy("runtime-paced", 400.0, valid_frames=100, reference=None)
+    paced.observe_verified(0, [50, 50, 50, 50])
+    paced.observe_verified(4, [5, 6, 7, 8, 9, 10, 11, 12])  # the last eight: one frame per token
+    assert paced.centre(12, verified=12) == 13
+
+
+def test_runtime_paced_centres_follow_the_verification_peaks_of_the_loop():
+    """Every draft step's recorded centre is the last verified peak + pace * depth, from the rows the loop kept."""
+    target = random_whisper_target(seed=3, layers=2, heads=2, vocab_size=8, max_length=40, init_std=0.5)
+    memory = torch.randn(1, 40, target.d_model, generator=torch.Generator().manual_seed(3))
+    draft = always_propose(random_draft(target, seed=3), token=3)
+    valid_frames, layer = 40, 1
+    settings = Settings(draft="random", k=4, window="runtime-paced", runtime_layer=layer)
+    result = speculative(target, draft, memory, valid_frames, settings)
+    assert result.tokens == greedy_tokens(target, memory)
+
+    peaks = [v.verify_peaks[layer] for v in result.verified]
+    moved = 0
+    for step in result.steps:
+        recent = peaks[: result.rounds[step.round].start][-8:]
+        pace = (recent[-1] - recent[0]) / (len(recent) - 1) if len(recent) > 1 else 0.0
+        assert step.window_centre == min(max(round(recent[-1] + pace * step.depth), 0), valid_frames - 1)
+        moved += step.depth > 1 and step.window_centre != recent[-1]
+    assert moved  # the case is only meaningful if some later step left the runtime centre
+
+
+def test_nothing_after_an_accepted_end_of_text_counts_as_accepted(monkeypatch):
+    target = random_whisper_target(seed=0, layers=2, heads=2, vocab_size=8, max_length=30)
+    greedy_choice = target.greedy_tokens
+
+    def ends_after_two_tokens(logits, first_index):  # and keeps choosing end-of-text after its end
+        tokens = greedy_choice(logits, first_index)
+        return tokens.masked_fill(first_index + torch.arange(tokens.shape[1]) >= 2, target.eot)
+
+    monkeypatch.setattr(target, "greedy_tokens", ends_after_two_tokens)
+    draft = random_draft(target, seed=0)
+    monkeypatch.setattr(draft, "vocab_to_target", lambda choice: torch.full_like(choice, target.eot))
+    memory = torch.randn(1, 40, target.d_model, generator=torch.Generator().manual_seed(0))
+    result = speculative(target, draft, memory, 40, Settings(draft="random", k=4))
+    assert result.tokens == greedy_tokens(target, memory) and len(result.tokens) == 2
+    assert result.rounds[-1].proposed == [target.eot] * 4 and result.rounds[-1].accepted == 1
 
 
 @pytest.mark.parametrize("k", [1, 4, 16])

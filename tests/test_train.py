@@ -2,7 +2,15 @@ import pytest
 import torch
 
 from specasr.draft import random_draft
-from specasr.train import Batch, _chain_mask, anchor_loss, gaussian_targets, unrolled_loss
+from specasr.train import (
+    Batch,
+    TrainConfig,
+    _chain_mask,
+    anchor_loss,
+    gaussian_targets,
+    unrolled_loss,
+    with_feature_noise,
+)
 
 
 def test_anchor_loss_equals_a_hand_computed_cross_entropy():
@@ -41,6 +49,7 @@ def _batch(target, length: int = 7, frames: int = 30) -> Batch:
     inputs = torch.randint(0, 1000, (1, length), generator=generator)
     return Batch(
         features=features,
+        input_features=features,
         inputs=inputs,
         targets=torch.cat([inputs[:, 1:], torch.full((1, 1), -100)], dim=1),
         frames=torch.tensor([[3, 5, 8, -1, 12, 15, -1]]),
@@ -80,6 +89,30 @@ def test_one_training_step_reduces_the_loss(tiny_en):
     after = unrolled_loss(draft, batch, depths=3, anchor_weight=0.1, sigma=5.0)
     assert after.total.item() < before.total.item()
     assert before.anchor > 0 and before.feature > 0
+
+
+def test_feature_noise_reaches_the_draft_input_and_never_the_regression_target(tiny_en):
+    draft = random_draft(tiny_en, seed=2).requires_grad_(False)
+    draft.fuse.weight.zero_()  # the draft's output no longer depends on the features it reads
+    clean = _batch(tiny_en)
+    noisy = with_feature_noise(clean, torch.tensor(1e4), torch.Generator().manual_seed(0))
+    assert torch.equal(noisy.features, clean.features)
+    assert (noisy.input_features - clean.features).abs().mean() > 1e3
+    loss = unrolled_loss(draft, noisy, depths=3, anchor_weight=0.0, sigma=20.0)
+    assert loss.feature == pytest.approx(unrolled_loss(draft, clean, depths=3, anchor_weight=0.0, sigma=20.0).feature)
+
+
+def test_train_config_gives_the_anchor_width_in_time_and_lambda_per_variant():
+    assert TrainConfig().sigma_frames == pytest.approx(20.0)  # 400 ms on Whisper's 20 ms grid
+    assert TrainConfig(sigma_ms=100.0).sigma_frames == pytest.approx(5.0)
+    assert TrainConfig(variant="anchordraft").anchor_weight == 0.1
+    assert TrainConfig(variant="control").anchor_weight == 0.0
+    assert TrainConfig(variant="control", anchor_weight=0.2).anchor_weight == 0.2
+    assert TrainConfig().feature_noise == 0.6
+    with pytest.raises(ValueError, match="no-audio"):
+        TrainConfig(variant="no-audio", anchor_weight=0.1)
+    with pytest.raises(ValueError, match="sigma_ms"):
+        TrainConfig(sigma_ms=0.0)
 
 
 @pytest.fixture(scope="module")
@@ -167,6 +200,7 @@ def test_training_is_deterministic_and_resumes_where_it_stopped(examples, tiny_e
     assert saved.config.variant == "anchordraft" and len(saved.config.vocab_ids) == 256
     assert saved.config.training["data_hash"] == "test" and saved.config.training["seed"] == 3
     assert saved.config.training["sources"] == sources
+    assert saved.config.training["sigma_ms"] == 400.0 and saved.config.training["anchor_weight"] == 0.1
     assert saved.config.taps == (2, 4) and saved.config.ffn_dim == 64
     assert tiny_en.eot in saved.config.vocab_ids
     with pytest.raises(ValueError, match="other settings"):
