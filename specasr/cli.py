@@ -387,17 +387,23 @@ def cmd_runs(args: argparse.Namespace) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> None:
-    config = TrainConfig(
-        variant=args.variant,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        unroll=args.unroll,
-        taps=args.taps,
-        ffn_dim=args.ffn_dim,
-        draft_vocab=args.draft_vocab,
-        seed=args.seed,
-    )
+    try:
+        config = TrainConfig(
+            variant=args.variant,
+            epochs=args.epochs,
+            batch_size=args.batch_size,
+            lr=args.lr,
+            unroll=args.unroll,
+            taps=args.taps,
+            ffn_dim=args.ffn_dim,
+            draft_vocab=args.draft_vocab,
+            feature_noise=args.feature_noise,
+            anchor_weight=args.anchor_weight,
+            sigma_ms=args.sigma_ms,
+            seed=args.seed,
+        )
+    except ValueError as error:
+        raise UsageError(str(error)) from error
     aligner = get_aligner(args.aligner)
     target = load_target(args.target, args.device, args.dtype)
     sources = training_sources(args.real, args.espeak, args.hibari, args.seed)
@@ -497,6 +503,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--taps", type=_layers, default=None, help="target layers the draft reads, e.g. 3,6")
     p.add_argument("--ffn-dim", type=int, default=None, help="draft feed-forward width (default: the target's)")
     p.add_argument("--draft-vocab", type=int, default=4096, help="reduced draft vocabulary size; 0 for the full one")
+    p.add_argument("--sigma-ms", type=float, default=400.0, help="width of the anchor loss's Gaussian target")
+    p.add_argument("--anchor-weight", type=float, default=None, help="lambda (default: 0.1 anchordraft, 0 control)")
+    p.add_argument("--feature-noise", type=float, default=0.6, help="input-feature noise, in feature stds")
     p.add_argument("--real", type=int, default=251, help="clips of ../shared/data/train-speech")
     p.add_argument("--espeak", type=int, default=400, help="espeak-ng sentences from ../shared/data/text")
     p.add_argument("--hibari", type=int, default=200, help="hibari-tts sentences from ../shared/data/text")

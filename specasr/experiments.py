@@ -9,15 +9,16 @@ percentile intervals: the same clips in both arms, a clip resampled with all its
 """
 
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import PurePath
 
+import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
 from specasr.audio import Clip
-from specasr.metrics import Interval, acceptance, bootstrap, paired_bootstrap
+from specasr.metrics import acceptance, pooled_bootstrap
 from specasr.pipeline import Pipeline
 from specasr.store import Store
 from specasr.trace import Settings, Trace
@@ -136,16 +137,30 @@ def _by_clip(traces: list[Trace]) -> dict[str, list[Trace]]:
     return grouped
 
 
-def _acceptance_metric(name: str) -> Callable[[Sequence[ClipResult]], float | None]:
-    return lambda results: getattr(acceptance([r.trace for r in results]), name)
+def clip_columns(results: list[ClipResult]) -> dict[str, np.ndarray]:
+    """Per clip (rows): its first repetition's rounds that survived each depth 0..K, and its median timings."""
+    depths = range(max((r.trace.settings.k for r in results), default=0) + 1)
+    survivors = [[sum(round.accepted >= d for round in r.trace.rounds) for d in depths] for r in results]
+    timings = {
+        name: [getattr(r, name) for r in results] for name in ("decode", "total", "greedy_decode", "greedy_total")
+    }
+    return {"survivors": np.array(survivors, dtype=float)} | {name: np.array(v) for name, v in timings.items()}
 
 
-METRICS: dict[str, Callable[[Sequence[ClipResult]], float | None]] = {
-    "a1": _acceptance_metric("a1"),
-    "a2c": _acceptance_metric("a2c"),
-    "L": _acceptance_metric("L"),
-    "decode_speedup": lambda results: sum(r.greedy_decode for r in results) / sum(r.decode for r in results),
-    "total_speedup": lambda results: sum(r.greedy_total for r in results) / sum(r.total for r in results),
+def _survivors(sums: dict[str, np.ndarray], depth: int) -> np.ndarray:
+    """Rounds that survived `depth`, summed over clips; NaN beyond K."""
+    survivors = sums["survivors"]
+    return survivors[..., depth] if depth < survivors.shape[-1] else np.full(survivors.shape[:-1], np.nan)
+
+
+# Each metric is a ratio of sums over clips (acceptance pooled over rounds, total time over total time), so that
+# a bootstrap can resample clips for all its draws at once (metrics.pooled_bootstrap).
+METRICS: dict[str, Callable[[dict[str, np.ndarray]], np.ndarray]] = {
+    "a1": lambda sums: _survivors(sums, 1) / _survivors(sums, 0),
+    "a2c": lambda sums: _survivors(sums, 2) / _survivors(sums, 1),
+    "L": lambda sums: sums["survivors"][..., 1:].sum(axis=-1) / _survivors(sums, 0),
+    "decode_speedup": lambda sums: sums["greedy_decode"] / sums["decode"],
+    "total_speedup": lambda sums: sums["greedy_total"] / sums["total"],
 }
 
 
@@ -172,8 +187,9 @@ class Cell:
 
 def cell(settings: Settings, run_id: str, results: list[ClipResult]) -> Cell:
     accepted = acceptance([r.trace for r in results])
-    decode = bootstrap(METRICS["decode_speedup"], [results], DRAWS, SEED)
-    total = bootstrap(METRICS["total_speedup"], [results], DRAWS, SEED)
+    columns = [clip_columns(results)]
+    decode = pooled_bootstrap(METRICS["decode_speedup"], columns, DRAWS, SEED)
+    total = pooled_bootstrap(METRICS["total_speedup"], columns, DRAWS, SEED)
     return Cell(
         draft=draft_label(settings.draft),
         window=settings.window,
@@ -206,12 +222,16 @@ class Contrast:
     high: float
 
 
-def contrast(name: str, fixed: str, metric: str, arm_a: list[ClipResult], arm_b: list[ClipResult]) -> Contrast:
-    """metric(b) - metric(a) on the clips both arms decoded, with its paired bootstrap interval."""
+def contrast(name: str, fixed: str, metric: str, arm_a: list[ClipResult], arm_b: list[ClipResult]) -> Contrast | None:
+    """metric(b) - metric(a) on the clips both arms decoded, with its paired bootstrap interval; None where the
+    metric is undefined (a2c at K = 1)."""
     shared = {r.trace.clip_hash for r in arm_a} & {r.trace.clip_hash for r in arm_b}
-    arm_a = [r for r in arm_a if r.trace.clip_hash in shared]
-    arm_b = [r for r in arm_b if r.trace.clip_hash in shared]
-    interval: Interval = paired_bootstrap(arm_a, arm_b, METRICS[metric], DRAWS, SEED)
+    columns = [clip_columns([r for r in arm if r.trace.clip_hash in shared]) for arm in (arm_a, arm_b)]
+    measure = METRICS[metric]
+    try:
+        interval = pooled_bootstrap(lambda a, b: measure(b) - measure(a), columns, DRAWS, SEED)
+    except ValueError:
+        return None
     return Contrast(name, fixed, metric, len(shared), **asdict(interval))
 
 
@@ -233,7 +253,7 @@ def contrasts(cells: dict[Settings, list[ClipResult]]) -> list[Contrast]:
                 if same_cell and draft_label(other_settings.draft) == a:
                     fixed = f"{settings.window} {shared}"
                     found += [contrast(f"{b}-{a}", fixed, m, other, results) for m in METRICS]
-    return found
+    return [c for c in found if c is not None]
 
 
 def tables(store: Store, baseline: str, runs: dict[Settings, str]) -> tuple[pd.DataFrame, pd.DataFrame]:

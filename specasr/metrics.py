@@ -217,6 +217,38 @@ def bootstrap(
     return Interval(estimate, float(low), float(high))
 
 
+def pooled_bootstrap(
+    statistic: Callable[..., np.ndarray],
+    arms: list[dict[str, np.ndarray]],
+    draws: int = 10_000,
+    seed: int = 0,
+    level: float = 0.95,
+    chunk: int = 1000,
+) -> Interval:
+    """Percentile interval for a statistic of pooled sums, all draws at once.
+
+    Each arm holds per-utterance columns (utterances on the first axis, the same utterances in every arm). The
+    statistic takes each arm's column sums, as a dict, and computes elementwise over a leading draw axis: ratios of
+    sums, such as acceptance pooled over rounds or total time over total time. Every draw resamples utterances, the
+    same ones in every arm; draws where the statistic is not finite are skipped, more than half is an error.
+    """
+    sizes = {len(column) for arm in arms for column in arm.values()}
+    if len(sizes) != 1 or not (n := sizes.pop()):
+        raise ValueError("arms must hold the same non-empty utterances")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        estimate = float(statistic(*[{name: c.sum(axis=0) for name, c in arm.items()} for arm in arms]))
+        rng, values = np.random.default_rng(seed), []
+        for start in range(0, draws, chunk):
+            index = rng.integers(0, n, size=(min(chunk, draws - start), n))
+            values.append(statistic(*[{name: c[index].sum(axis=1) for name, c in arm.items()} for arm in arms]))
+    values = np.concatenate(values)
+    values = values[np.isfinite(values)]
+    if not math.isfinite(estimate) or len(values) * 2 < draws:
+        raise ValueError(f"statistic undefined on the sample or in {draws - len(values)} of {draws} draws")
+    low, high = np.quantile(values, [(1 - level) / 2, (1 + level) / 2])
+    return Interval(estimate, float(low), float(high))
+
+
 def _defined(statistic: Callable[..., float | None], arms: list[list]) -> float:
     """statistic(*arms) as a float; ValueError where it is undefined."""
     value = statistic(*arms)

@@ -157,3 +157,8 @@ def test_no_store_keeps_nothing_and_a_broken_store_is_a_clear_error(capsys, samp
     assert main(["decode", clip, "--db", str(db)]) == 2
     assert "error:" in capsys.readouterr().err
     assert db.read_text() == "not a database"
+
+
+def test_train_refuses_an_anchor_weight_for_a_draft_without_attention(capsys):
+    assert main(["train", "--variant", "no-audio", "--anchor-weight", "0.1"]) == 2
+    assert "0 for no-audio" in capsys.readouterr().err

@@ -3,11 +3,12 @@
 import json
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from specasr.cli import main
 from specasr.experiments import COMMAND, Grid, clip_results, contrasts, run_grid, tables
-from specasr.metrics import bootstrap
+from specasr.metrics import bootstrap, pooled_bootstrap
 from specasr.pipeline import Pipeline
 from specasr.store import Store
 from specasr.trace import Round, Settings, Timings, Trace
@@ -93,6 +94,10 @@ def test_bootstrap_interval_of_a_known_case():
     assert (interval.estimate, interval.low, interval.high) == (0.5, 0.0, 1.0)
     narrow = bootstrap(lambda values: sum(values) / len(values), [[0.0, 1.0]], draws=4000, seed=0, level=0.4)
     assert (narrow.low, narrow.high) == (0.5, 0.5)
+    pooled = pooled_bootstrap(lambda sums: sums["x"] / 2, [{"x": np.array([0.0, 1.0])}], draws=4000, seed=0)
+    assert (pooled.estimate, pooled.low, pooled.high) == (0.5, 0.0, 1.0)
+    with pytest.raises(ValueError, match="undefined"):
+        pooled_bootstrap(lambda sums: sums["x"] / 0, [{"x": np.array([0.0, 1.0])}], draws=100)
 
 
 def test_a_grid_runs_once_and_resumes_without_duplicates(sample_clips, tmp_path):
