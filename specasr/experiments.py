@@ -99,7 +99,6 @@ def draft_label(draft: str) -> str:
 class ClipResult:
     """One cell on one clip, next to the greedy baseline on the same clip."""
 
-    clip_id: str
     trace: Trace  # the first repetition
     decode: float  # seconds, median over repetitions
     total: float
@@ -108,23 +107,22 @@ class ClipResult:
     lossless: bool  # every repetition gave the greedy tokens
 
 
-def clip_results(store: Store, baseline: str, run_id: str) -> list[ClipResult]:
+def clip_results(baseline: list[Trace], traces: list[Trace]) -> list[ClipResult]:
     """A cell's clips in the baseline's order, each with its repetitions' medians."""
-    greedy, cell = _by_clip(store.traces(baseline)), _by_clip(store.traces(run_id))
+    cell = _by_clip(traces)
     results = []
-    for clip_hash, greedy_traces in greedy.items():
-        traces = cell.get(clip_hash)
-        if traces is None:
+    for clip_hash, greedy in _by_clip(baseline).items():
+        repeats = cell.get(clip_hash)
+        if repeats is None:
             continue
         results.append(
             ClipResult(
-                clip_id=traces[0].clip_id,
-                trace=traces[0],
-                decode=statistics.median(t.timings.decode for t in traces),
-                total=statistics.median(t.timings.total for t in traces),
-                greedy_decode=statistics.median(t.timings.decode for t in greedy_traces),
-                greedy_total=statistics.median(t.timings.total for t in greedy_traces),
-                lossless=all(t.tokens == greedy_traces[0].tokens for t in traces),
+                trace=repeats[0],
+                decode=statistics.median(t.timings.decode for t in repeats),
+                total=statistics.median(t.timings.total for t in repeats),
+                greedy_decode=statistics.median(t.timings.decode for t in greedy),
+                greedy_total=statistics.median(t.timings.total for t in greedy),
+                lossless=all(t.tokens == greedy[0].tokens for t in repeats),
             )
         )
     return results
@@ -258,7 +256,8 @@ def contrasts(cells: dict[Settings, list[ClipResult]]) -> list[Contrast]:
 
 def tables(store: Store, baseline: str, runs: dict[Settings, str]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The cells table (one row per cell) and the contrasts table, from the stored runs."""
-    results = {settings: clip_results(store, baseline, run_id) for settings, run_id in runs.items()}
+    greedy = store.traces(baseline)
+    results = {settings: clip_results(greedy, store.traces(run_id)) for settings, run_id in runs.items()}
     cells = [cell(settings, runs[settings], rows) for settings, rows in results.items()]
     return (
         pd.DataFrame([asdict(c) for c in cells]),

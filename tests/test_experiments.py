@@ -81,7 +81,8 @@ def test_window_contrasts_pair_cells_that_differ_only_in_window(hand_grid):
     runs[shifted] = store.write_run(
         [hand_trace(shifted, "u", [0, 1, 0], 1.5), hand_trace(shifted, "v", [1], 1.0)], COMMAND
     )
-    results = {settings: clip_results(store, baseline, run_id) for settings, run_id in runs.items()}
+    greedy = store.traces(baseline)
+    results = {settings: clip_results(greedy, store.traces(run_id)) for settings, run_id in runs.items()}
     found = {(c.name, c.metric): c for c in contrasts(results)}
     assert found["unrestricted-shift", "L"].estimate == pytest.approx(7 / 3 - 2 / 4)
     assert found["unrestricted-shift", "L"].fixed == "control K=4 threshold=0"
