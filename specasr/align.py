@@ -417,8 +417,11 @@ class TokenAlignment:
 
 
 def align_tokens(aligner: Aligner, target: "WhisperTarget", audio: np.ndarray, tokens: list[int]) -> TokenAlignment:
-    """Force-align a target's transcript tokens to the audio and map them onto its encoder frames."""
+    """Force-align a target's transcript tokens to the audio and map them onto its encoder frames; tokens that hold
+    no word (punctuation only, or none) get no frames."""
     text = target.decode_text(tokens)
+    if not normalize_for_alignment(text):
+        return TokenAlignment(text, [], [None] * len(tokens))
     words = aligner.align(audio, text)
     return TokenAlignment(text, words, frames_from_words(target, tokens, words, len(audio)))
 

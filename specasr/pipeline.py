@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from torch import Tensor
 
-from specasr.align import Aligner, ClipReference, frames_from_words, get_aligner, normalize_for_alignment
+from specasr.align import Aligner, AlignmentError, ClipReference, align_tokens, get_aligner, normalize_for_alignment
 from specasr.audio import SAMPLE_RATE, AudioTooLongError, Clip, split_windows
 from specasr.decode import Origin, PhaseTimer, greedy, speculative
 from specasr.draft import Draft, resolve_draft
@@ -159,11 +159,11 @@ class Pipeline:
         for index, (start, end) in enumerate(windows):
             memory = memories[index] if memories else target.encode(target.features(clip.audio[start:end]))
             tokens = greedy(target, memory, target.valid_frames(end - start)).tokens
-            aligned = align_window(target, aligner, clip.audio[start:end], tokens)
+            aligned = align_tokens(aligner, target, clip.audio[start:end], tokens)
             first_frame, offset = start // target.samples_per_frame, start / SAMPLE_RATE
             window_tokens.append(tokens)
-            frames += [None if f is None else f + first_frame for f in aligned[0]]
-            words += [replace(w, start=w.start + offset, end=w.end + offset) if w.aligned else w for w in aligned[1]]
+            frames += [None if f is None else f + first_frame for f in aligned.frames]
+            words += [replace(w, start=w.start + offset, end=w.end + offset) if w.aligned else w for w in aligned.words]
         return ClipReference(aligner.name, window_tokens, frames, words)
 
     def align_text(self, clip: Clip, settings: Settings, text: str) -> ClipReference:
@@ -174,19 +174,12 @@ class Pipeline:
                 f"{clip.id} is {clip.seconds:.1f} s long: a given text is aligned to one 30 s window at most; "
                 "without a text the target's transcript is aligned window by window"
             )
+        if not normalize_for_alignment(text):
+            raise AlignmentError(f"no words to align in {text!r}")
         tokens = target.tokenizer.encode(" " + text.strip(), add_special_tokens=False)
         aligner = self.aligner(settings.aligner)
-        frames, words = align_window(target, aligner, clip.audio, tokens)
-        return ClipReference(aligner.name, [tokens], frames, words)
-
-
-def align_window(target: WhisperTarget, aligner: Aligner, audio, tokens: list[int]) -> tuple[list, list]:
-    """The window's frame of each token and the times of its words; none where the tokens hold no word."""
-    text = target.decode_text(tokens)
-    if not normalize_for_alignment(text):
-        return [None] * len(tokens), []
-    words = aligner.align(audio, text)
-    return frames_from_words(target, tokens, words, len(audio)), words
+        aligned = align_tokens(aligner, target, clip.audio, tokens)
+        return ClipReference(aligner.name, [tokens], aligned.frames, aligned.words)
 
 
 def _reference_file(path: Path, clip: Clip, target: WhisperTarget) -> ClipReference:
