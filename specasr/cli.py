@@ -3,6 +3,7 @@
 import argparse
 import json
 import sys
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, replace
 from datetime import datetime
@@ -331,24 +332,40 @@ def cmd_experiment(args: argparse.Namespace) -> None:
         grid.cells()  # checks every cell's settings before any work
     except ValueError as error:
         raise UsageError(str(error)) from error
-    clips = [u.clip(args.max_seconds) for u in spread(load_manifest(args.data), args.clips)]
+    utterances = spread(load_manifest(args.data), args.clips)
+    clips = [u.clip(args.max_seconds) for u in utterances]
+    sets = {clip.hash: u.subset for clip, u in zip(clips, utterances, strict=True)}
     store = Store(args.db)
-    baseline, runs = run_grid(Pipeline(store), store, grid, clips, args.repeats)
-    cells, contrasts = experiment_tables(store, baseline, runs)
-    best = cells.loc[cells.decode_speedup.idxmax()]
+    runs = run_grid(Pipeline(store), store, grid, clips, args.repeats)
+    found = experiment_tables(store, runs, sets)
+    best = found.cells.loc[found.cells.decode_speedup.idxmax()]
     if args.json:
-        record = {"aggregation": AGGREGATION, "baseline_run": baseline, "cells": cells.to_dict("records")}
-        print(json.dumps(record | {"contrasts": contrasts.to_dict("records"), "best_run": best.run_id}))
+        record = {"aggregation": AGGREGATION, "baseline_run": runs.baseline, "peaks_run": runs.peaks}
+        record |= {name: table.to_dict("records") for name, table in vars(found).items()}
+        print(json.dumps(record | {"best_run": best.run_id}, default=_json_value))
         return
-    print(f"{args.target} on {len(clips)} clips of {args.data} x {args.repeats} repeats; greedy run {baseline}")
-    print(AGGREGATION)
-    print(cells.drop(columns="s").to_string(index=False, float_format="%.3f"))
-    if len(contrasts):
-        print(contrasts.to_string(index=False, float_format="%+.3f"))
+    counts = ", ".join(f"{name} {n}" for name, n in Counter(sets.values()).items())
+    print(f"{args.target} on {len(clips)} clips of {args.data} ({counts}) x {args.repeats} repeats")
+    print(f"greedy run {runs.baseline}, verification-peaks run {runs.peaks}\n{AGGREGATION}")
+    for title, table, number_format in (
+        ("Cells (Tables 1, 2, 3, 6)", found.cells.drop(columns="s"), "%.3f"),
+        ("Contrasts, b-a (Tables 1, 2, 3, 6, 16)", found.contrasts, "%+.3f"),
+        ("Attention peaks vs reference frames (Table 7)", found.peaks, "%.3f"),
+        ("Restart anchor error by proposal outcome, ms (Table 10)", found.outcomes, "%.3f"),
+        ("Runtime correction vs the unrestricted loop (Table 16)", found.runtime, "%.3f"),
+        ("K and threshold sweep (Table 21)", found.sweep, "%.3f"),
+    ):
+        if len(table):
+            print(f"\n{title}\n{table.to_string(index=False, float_format=number_format)}")
     print(
-        f"fastest cell: {best.draft} {best.window} K={best.k} threshold={best.threshold:g}, "
+        f"\nfastest cell: {best.draft} {best.window} K={best.k} threshold={best.threshold:g}, "
         f"decode speedup {best.decode_speedup:.3f}x [{best.decode_speedup_low:.3f}, {best.decode_speedup_high:.3f}]"
     )
+
+
+def _json_value(value):
+    """numpy scalars (booleans among them) as plain JSON values."""
+    return value.item() if hasattr(value, "item") else str(value)
 
 
 def cmd_runs(args: argparse.Namespace) -> None:
@@ -484,7 +501,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_runs)
 
     p = commands.add_parser("experiment", help="a grid of drafts x windows x K x thresholds, kept in the store")
-    p.add_argument("--data", type=Path, default=DEFAULT_SPEECH_DIR, help="folder with a manifest.tsv")
+    p.add_argument("--data", type=Path, default=DEFAULT_SPEECH_DIR, help="a manifest.tsv or its folder")
     p.add_argument("--clips", type=int, default=20, help="N clips spread evenly over the manifest")
     p.add_argument("--repeats", type=int, default=1)
     _add_clip_options(p)

@@ -19,16 +19,20 @@ class Utterance:
     speaker: str
     text: str  # the reference transcript; empty for untranscribed speech
     dataset: str  # the manifest's folder name
+    subset: str  # the evaluation set: the manifest's subset column, else the id's prefix (evaluation_set)
 
     def clip(self, max_seconds: float = DEFAULT_MAX_SECONDS) -> Clip:
         return Clip(self.id, load_audio(self.path, max_seconds), text=self.text, dataset=self.dataset)
 
 
 def load_manifest(speech_dir: Path = DEFAULT_SPEECH_DIR) -> list[Utterance]:
-    """Rows of `speech_dir/manifest.tsv` (id, path, duration_s, speaker, text, ...), in file order."""
-    manifest = Path(speech_dir) / "manifest.tsv"
+    """Rows of a manifest.tsv, or of `speech_dir/manifest.tsv` (id, path, duration_s, speaker, text, ...; an optional
+    subset column), in file order."""
+    manifest = Path(speech_dir)
+    if manifest.is_dir():
+        manifest = manifest / "manifest.tsv"
     if not manifest.is_file():
-        raise FileNotFoundError(f"no manifest.tsv in {speech_dir}")
+        raise FileNotFoundError(f"no manifest {manifest}")
     with manifest.open(newline="") as f:
         return [
             Utterance(
@@ -38,9 +42,18 @@ def load_manifest(speech_dir: Path = DEFAULT_SPEECH_DIR) -> list[Utterance]:
                 speaker=row["speaker"],
                 text=row.get("text", ""),
                 dataset=manifest.parent.name,
+                subset=row.get("subset") or evaluation_set(row["id"]),
             )
             for row in csv.DictReader(f, delimiter="\t")
         ]
+
+
+def evaluation_set(utterance_id: str) -> str:
+    """The id's words before the first one holding a digit: ls-test-other-1688-142285-0000 -> ls-test-other,
+    cathy-arctic-a0021 -> cathy-arctic (the subsets of ../shared/data/speech/README.md)."""
+    words = utterance_id.split("-")
+    prefix = next((i for i, word in enumerate(words) if any(c.isdigit() for c in word)), len(words))
+    return "-".join(words[: max(prefix, 1)])
 
 
 def spread(utterances: list[Utterance], count: int) -> list[Utterance]:

@@ -1,11 +1,17 @@
 """Experiments: a grid of drafts x windows x K x thresholds over the same clips, every decode kept in the run store,
 and the paper's tables computed from the stored runs.
 
-The greedy baseline runs once per clip and repetition and serves every cell. Each cell is one run, written when all
-its decodes are done; running the same grid again skips the cells the store already holds. Acceptance is pooled over
-the rounds of each cell's first repetition (every repetition decodes the same tokens); speed uses each clip's
-median over repetitions, pooled over clips (total time over total time). Intervals are paired utterance-bootstrap
-percentile intervals: the same clips in both arms, a clip resampled with all its repetitions.
+The greedy baseline runs once per clip and repetition and serves every cell; one more greedy pass per clip records
+every target layer's verification attention peak (Table 7), untimed. The cells still to run are decoded clip by clip
+in turn (the order rotating from clip to clip), so that a drift of the machine's speed falls on every cell alike;
+each cell is one run, written when all clips are done, and running the same grid again skips the cells the store
+already holds (an interrupted grid re-runs the cells it had not written).
+
+Aggregation as in the paper: every metric is taken within each evaluation set and the sets are weighted equally.
+Within a set, acceptance is pooled over the rounds of each cell's first repetition (every repetition decodes the
+same tokens) and speed is total time over total time of each clip's median over repetitions. Intervals are paired
+utterance-bootstrap percentile intervals: the same clips in both arms, clips resampled within their set, a clip
+with all its repetitions.
 """
 
 import statistics
@@ -18,19 +24,44 @@ import pandas as pd
 from tqdm import tqdm
 
 from specasr.audio import Clip
-from specasr.metrics import acceptance, pooled_bootstrap
+from specasr.metrics import (
+    Interval,
+    PeakAgreement,
+    choose_runtime_layer,
+    correction_pays,
+    odds_ratio,
+    outcome_counts,
+    outcome_error,
+    peak_agreement,
+    pooled_bootstrap,
+    pooled_estimate,
+    rho,
+)
 from specasr.pipeline import Pipeline
 from specasr.store import Store
+from specasr.targets import FRAME_SECONDS
 from specasr.trace import Settings, Trace
+from specasr.windows import RUNTIME_WINDOWS
 
 COMMAND = "experiment"
 AGGREGATION = (
-    "acceptance pooled over the rounds of each cell's first repetition; speed: each clip's median over repetitions, "
-    "total over total; 95% paired utterance-bootstrap intervals (10,000 draws, seed 0); one evaluation set"
+    "evaluation sets weighted equally; within a set, acceptance pooled over the rounds of each cell's first "
+    "repetition and speed as total over total of each clip's median over repetitions; 95% paired utterance-bootstrap "
+    "intervals (10,000 draws, seed 0, clips resampled within their set); peak agreement, restart outcomes and "
+    "anchor errors pooled over clips"
 )
 DRAWS = 10_000
 SEED = 0
-WINDOW_CONTRASTS = (("unrestricted", "correct"), ("shift", "unrestricted"), ("shift", "correct"))  # (a, b): b - a
+WINDOW_CONTRASTS = (  # (a, b): b - a
+    ("unrestricted", "correct"),
+    ("shift", "unrestricted"),
+    ("shift", "correct"),
+    ("unrestricted", "runtime"),
+    ("unrestricted", "runtime-paced"),
+)
+RUNTIME_BASE = "unrestricted"  # the uncorrected loop a runtime window is compared with (Table 16)
+LARGE_ERROR_MS = 200.0
+FRAME_MS = FRAME_SECONDS * 1000
 DRAFT_CONTRASTS = (("no-audio", "control"), ("no-audio", "anchordraft"), ("control", "anchordraft"))
 
 
@@ -47,6 +78,10 @@ class Grid:
     def baseline(self) -> Settings:
         return replace(self.base, draft=None, verify_peaks=False, reference="never")
 
+    def peaks(self) -> Settings:
+        """Greedy decoding that records every layer's verification peak next to the reference frames."""
+        return replace(self.base, draft=None, verify_peaks=True, reference="always")
+
     def cells(self) -> list[Settings]:
         """Reference frames for every cell (anchor errors under any window); no per-layer verification peaks, so
         the loop is timed as it would run."""
@@ -59,34 +94,55 @@ class Grid:
         ]
 
 
-def run_grid(
-    pipeline: Pipeline, store: Store, grid: Grid, clips: list[Clip], repeats: int = 1
-) -> tuple[str, dict[Settings, str]]:
-    """Decode every clip `repeats` times under the baseline and every cell the store does not hold yet.
+@dataclass(frozen=True)
+class GridRuns:
+    baseline: str
+    peaks: str
+    cells: dict[Settings, str]  # by the settings each cell was asked with
 
-    Returns the baseline's run id and each cell's (by the settings it was asked with).
-    """
-    wanted = frozenset((clip.hash, repeat) for clip in clips for repeat in range(repeats))
-    finished = {settings: run_id for run_id, settings, decoded in store.decoded(COMMAND) if decoded == wanted}
-    runs = {}
-    for settings in [grid.baseline(), *grid.cells()]:
-        resolved = pipeline.resolved(settings)
-        if resolved not in finished:
-            pipeline.decode(clips[0], settings)  # warm-up, not kept: the first decode of a cell loads and allocates
-            traces, numbers = [], []
-            for clip in tqdm(clips, desc=cell_name(resolved), unit="clip"):
-                for repeat in range(repeats):
-                    traces.append(pipeline.decode(clip, settings))
-                    numbers.append(repeat)
-            finished[resolved] = store.write_run(traces, COMMAND, numbers)
-        runs[settings] = finished[resolved]
-    baseline = runs.pop(grid.baseline())
-    return baseline, runs
+
+def run_grid(pipeline: Pipeline, store: Store, grid: Grid, clips: list[Clip], repeats: int = 1) -> GridRuns:
+    """Decode every clip under the baseline and every cell (`repeats` times) and the peaks pass (once), for the
+    runs the store does not hold yet."""
+    plan = {grid.baseline(): repeats, grid.peaks(): 1} | dict.fromkeys(grid.cells(), repeats)
+    resolved = {settings: pipeline.resolved(settings) for settings in plan}
+    held = {(settings, decoded): run_id for run_id, settings, decoded in store.decoded(COMMAND)}
+
+    def wanted(settings: Settings) -> frozenset[tuple[str, int]]:
+        return frozenset((clip.hash, repeat) for clip in clips for repeat in range(plan[settings]))
+
+    run_ids = {s: held.get((resolved[s], wanted(s))) for s in plan}
+    pending = list(dict.fromkeys(resolved[s] for s in plan if run_ids[s] is None))
+    if pending:
+        written = _decode_interleaved(pipeline, store, pending, clips, {resolved[s]: plan[s] for s in plan})
+        run_ids = {s: run_ids[s] or written[resolved[s]] for s in plan}
+    return GridRuns(run_ids.pop(grid.baseline()), run_ids.pop(grid.peaks()), run_ids)
+
+
+def _decode_interleaved(
+    pipeline: Pipeline, store: Store, pending: list[Settings], clips: list[Clip], repeats: dict[Settings, int]
+) -> dict[Settings, str]:
+    """Every pending run's decodes, clip by clip; then one stored run each."""
+    for settings in pending:
+        pipeline.decode(clips[0], settings)  # warm-up, not kept: the first decode of a cell loads and allocates
+    traces: dict[Settings, list[Trace]] = {settings: [] for settings in pending}
+    with tqdm(total=sum(repeats[s] for s in pending) * len(clips), unit="decode") as bar:
+        for i, clip in enumerate(clips):
+            turn = pending[i % len(pending) :] + pending[: i % len(pending)]
+            for repeat in range(max(repeats.values())):
+                for settings in (s for s in turn if repeat < repeats[s]):
+                    bar.set_postfix_str(f"{clip.id} {cell_name(settings)}", refresh=False)
+                    traces[settings].append(pipeline.decode(clip, settings))
+                    bar.update()
+    return {
+        settings: store.write_run(runs, COMMAND, [r for _ in clips for r in range(repeats[settings])])
+        for settings, runs in traces.items()
+    }
 
 
 def cell_name(settings: Settings) -> str:
     if settings.draft is None:
-        return "greedy"
+        return "greedy with verification peaks" if settings.verify_peaks else "greedy"
     return f"{draft_label(settings.draft)} {settings.window} K={settings.k} threshold={settings.threshold:g}"
 
 
@@ -100,6 +156,7 @@ class ClipResult:
     """One cell on one clip, next to the greedy baseline on the same clip."""
 
     trace: Trace  # the first repetition
+    subset: str  # the clip's evaluation set
     decode: float  # seconds, median over repetitions
     total: float
     greedy_decode: float
@@ -107,8 +164,9 @@ class ClipResult:
     lossless: bool  # every repetition gave the greedy tokens
 
 
-def clip_results(baseline: list[Trace], traces: list[Trace]) -> list[ClipResult]:
-    """A cell's clips in the baseline's order, each with its repetitions' medians."""
+def clip_results(baseline: list[Trace], traces: list[Trace], sets: dict[str, str] | None = None) -> list[ClipResult]:
+    """A cell's clips in the baseline's order, each with its repetitions' medians; `sets` maps a clip hash to its
+    evaluation set (one set where it is not given)."""
     cell = _by_clip(traces)
     results = []
     for clip_hash, greedy in _by_clip(baseline).items():
@@ -118,6 +176,7 @@ def clip_results(baseline: list[Trace], traces: list[Trace]) -> list[ClipResult]
         results.append(
             ClipResult(
                 trace=repeats[0],
+                subset=(sets or {}).get(clip_hash, "all"),
                 decode=statistics.median(t.timings.decode for t in repeats),
                 total=statistics.median(t.timings.total for t in repeats),
                 greedy_decode=statistics.median(t.timings.decode for t in greedy),
@@ -136,13 +195,26 @@ def _by_clip(traces: list[Trace]) -> dict[str, list[Trace]]:
 
 
 def clip_columns(results: list[ClipResult]) -> dict[str, np.ndarray]:
-    """Per clip (rows): its first repetition's rounds that survived each depth 0..K, and its median timings."""
+    """Per clip (rows): its first repetition's rounds that survived each depth 0..K, its median timings, and its
+    restart proposals by outcome and anchor error (metrics.outcome_counts)."""
     depths = range(max((r.trace.settings.k for r in results), default=0) + 1)
     survivors = [[sum(round.accepted >= d for round in r.trace.rounds) for d in depths] for r in results]
     timings = {
         name: [getattr(r, name) for r in results] for name in ("decode", "total", "greedy_decode", "greedy_total")
     }
-    return {"survivors": np.array(survivors, dtype=float)} | {name: np.array(v) for name, v in timings.items()}
+    outcomes = [outcome_counts(*_restart_errors(r.trace), LARGE_ERROR_MS) for r in results]
+    return {
+        "survivors": np.array(survivors, dtype=float),
+        "outcomes": np.array(outcomes, dtype=float).reshape(len(results), 4),
+        "rounds": np.array([len(r.trace.rounds) for r in results], dtype=float),
+        "verify": np.array([r.trace.verify_seconds for r in results]),
+    } | {name: np.array(v) for name, v in timings.items()}
+
+
+def _restart_errors(trace: Trace) -> tuple[list[float], list[bool]]:
+    """The anchor error (ms) and outcome of every restart proposal whose draft peak and reference frame are known."""
+    restarts = [s for s in trace.steps if s.depth == 1 and None not in (s.draft_peak, s.reference_frame)]
+    return [abs(s.draft_peak - s.reference_frame) * FRAME_MS for s in restarts], [s.accepted for s in restarts]
 
 
 def _survivors(sums: dict[str, np.ndarray], depth: int) -> np.ndarray:
@@ -151,15 +223,32 @@ def _survivors(sums: dict[str, np.ndarray], depth: int) -> np.ndarray:
     return survivors[..., depth] if depth < survivors.shape[-1] else np.full(survivors.shape[:-1], np.nan)
 
 
+def survival(depth: int) -> Callable[[dict[str, np.ndarray]], np.ndarray]:
+    return lambda sums: _survivors(sums, depth) / _survivors(sums, 0)
+
+
 # Each metric is a ratio of sums over clips (acceptance pooled over rounds, total time over total time), so that
 # a bootstrap can resample clips for all its draws at once (metrics.pooled_bootstrap).
 METRICS: dict[str, Callable[[dict[str, np.ndarray]], np.ndarray]] = {
-    "a1": lambda sums: _survivors(sums, 1) / _survivors(sums, 0),
+    "a1": survival(1),
     "a2c": lambda sums: _survivors(sums, 2) / _survivors(sums, 1),
     "L": lambda sums: sums["survivors"][..., 1:].sum(axis=-1) / _survivors(sums, 0),
     "decode_speedup": lambda sums: sums["greedy_decode"] / sums["decode"],
     "total_speedup": lambda sums: sums["greedy_total"] / sums["total"],
 }
+
+
+def _interval(statistic: Callable[..., np.ndarray], arms: list[list[ClipResult]], draws: int = DRAWS) -> Interval:
+    """pooled_bootstrap over the arms' clip columns, strata = evaluation sets (the first arm's)."""
+    columns = [clip_columns(arm) for arm in arms]
+    return pooled_bootstrap(statistic, columns, draws, SEED, strata=[r.subset for r in arms[0]])
+
+
+def _estimate(metric: Callable[..., np.ndarray], results: list[ClipResult]) -> float | None:
+    try:
+        return _interval(metric, [results], draws=0).estimate
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -174,7 +263,7 @@ class Cell:
     a1: float | None
     a2c: float | None
     L: float
-    s: list[float]  # survival by depth, s[0] = 1
+    s: list[float | None]  # survival by depth, s[0] = 1
     decode_speedup: float
     decode_speedup_low: float
     decode_speedup_high: float
@@ -184,10 +273,8 @@ class Cell:
 
 
 def cell(settings: Settings, run_id: str, results: list[ClipResult]) -> Cell:
-    accepted = acceptance([r.trace for r in results])
-    columns = [clip_columns(results)]
-    decode = pooled_bootstrap(METRICS["decode_speedup"], columns, DRAWS, SEED)
-    total = pooled_bootstrap(METRICS["total_speedup"], columns, DRAWS, SEED)
+    decode = _interval(METRICS["decode_speedup"], [results])
+    total = _interval(METRICS["total_speedup"], [results])
     return Cell(
         draft=draft_label(settings.draft),
         window=settings.window,
@@ -196,10 +283,10 @@ def cell(settings: Settings, run_id: str, results: list[ClipResult]) -> Cell:
         run_id=run_id,
         clips=len(results),
         lossless_clips=sum(r.lossless for r in results),
-        a1=accepted.a1,
-        a2c=accepted.a2c,
-        L=accepted.L,
-        s=accepted.s,
+        a1=_estimate(METRICS["a1"], results),
+        a2c=_estimate(METRICS["a2c"], results),
+        L=_estimate(METRICS["L"], results),
+        s=[_estimate(survival(depth), results) for depth in range(settings.k + 1)],
         decode_speedup=decode.estimate,
         decode_speedup_low=decode.low,
         decode_speedup_high=decode.high,
@@ -220,46 +307,185 @@ class Contrast:
     high: float
 
 
+def _shared(arm_a: list[ClipResult], arm_b: list[ClipResult]) -> tuple[list[ClipResult], list[ClipResult]]:
+    """Both arms on the clips both decoded, in the same order."""
+    both = {r.trace.clip_hash for r in arm_a} & {r.trace.clip_hash for r in arm_b}
+    return [r for r in arm_a if r.trace.clip_hash in both], [r for r in arm_b if r.trace.clip_hash in both]
+
+
 def contrast(name: str, fixed: str, metric: str, arm_a: list[ClipResult], arm_b: list[ClipResult]) -> Contrast | None:
     """metric(b) - metric(a) on the clips both arms decoded, with its paired bootstrap interval; None where the
     metric is undefined (a2c at K = 1)."""
-    shared = {r.trace.clip_hash for r in arm_a} & {r.trace.clip_hash for r in arm_b}
-    columns = [clip_columns([r for r in arm if r.trace.clip_hash in shared]) for arm in (arm_a, arm_b)]
+    arms = _shared(arm_a, arm_b)
     measure = METRICS[metric]
     try:
-        interval = pooled_bootstrap(lambda a, b: measure(b) - measure(a), columns, DRAWS, SEED)
+        interval = _interval(lambda a, b: measure(b) - measure(a), list(arms))
     except ValueError:
         return None
-    return Contrast(name, fixed, metric, len(shared), **asdict(interval))
+    return Contrast(name, fixed, metric, len(arms[0]), **asdict(interval))
+
+
+def _partners(cells: dict[Settings, list[ClipResult]], pairs: tuple[tuple[str, str], ...], key: str):
+    """(a, b, settings_a, settings_b) for cells that differ only in `key` (window or draft label), per pair."""
+    for settings_b in cells:
+        for a, b in pairs:
+            if _label(settings_b, key) != b:
+                continue
+            for settings_a in cells:
+                same_cell = replace(settings_a, **{key: getattr(settings_b, key)}) == settings_b
+                if same_cell and _label(settings_a, key) == a:
+                    yield a, b, settings_a, settings_b
+
+
+def _label(settings: Settings, key: str) -> str:
+    return draft_label(settings.draft) if key == "draft" else getattr(settings, key)
 
 
 def contrasts(cells: dict[Settings, list[ClipResult]]) -> list[Contrast]:
-    """The paper's contrasts among the cells present: windows (Table 2) at equal draft, K and threshold, and drafts
-    (audio vs no-audio, Tables 1 and 6; AnchorDraft vs control, Table 3) at equal window, K and threshold."""
+    """The paper's contrasts among the cells present: windows (Table 2, and the runtime windows of Table 16) at
+    equal draft, K and threshold, and drafts (audio vs no-audio, Tables 1 and 6; AnchorDraft vs control, Table 3)
+    at equal window, K and threshold."""
     found = []
-    for settings, results in cells.items():
-        shared = f"K={settings.k} threshold={settings.threshold:g}"
-        for a, b in WINDOW_CONTRASTS:
-            if settings.window == b and (other := cells.get(replace(settings, window=a))) is not None:
-                fixed = f"{draft_label(settings.draft)} {shared}"
-                found += [contrast(f"{b}-{a}", fixed, m, other, results) for m in ("a1", "a2c", "L")]
-        for a, b in DRAFT_CONTRASTS:
-            if draft_label(settings.draft) != b:
-                continue
-            for other_settings, other in cells.items():
-                same_cell = replace(other_settings, draft=settings.draft) == settings
-                if same_cell and draft_label(other_settings.draft) == a:
-                    fixed = f"{settings.window} {shared}"
-                    found += [contrast(f"{b}-{a}", fixed, m, other, results) for m in METRICS]
+    for a, b, settings_a, settings_b in _partners(cells, WINDOW_CONTRASTS, "window"):
+        fixed = f"{draft_label(settings_b.draft)} {_k_threshold(settings_b)}"
+        found += [contrast(f"{b}-{a}", fixed, m, cells[settings_a], cells[settings_b]) for m in ("a1", "a2c", "L")]
+    for a, b, settings_a, settings_b in _partners(cells, DRAFT_CONTRASTS, "draft"):
+        fixed = f"{settings_b.window} {_k_threshold(settings_b)}"
+        found += [contrast(f"{b}-{a}", fixed, m, cells[settings_a], cells[settings_b]) for m in METRICS]
     return [c for c in found if c is not None]
 
 
-def tables(store: Store, baseline: str, runs: dict[Settings, str]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The cells table (one row per cell) and the contrasts table, from the stored runs."""
-    greedy = store.traces(baseline)
-    results = {settings: clip_results(greedy, store.traces(run_id)) for settings, run_id in runs.items()}
-    cells = [cell(settings, runs[settings], rows) for settings, rows in results.items()]
-    return (
-        pd.DataFrame([asdict(c) for c in cells]),
-        pd.DataFrame([asdict(c) for c in contrasts(results)], columns=[f for f in Contrast.__dataclass_fields__]),
+def _k_threshold(settings: Settings) -> str:
+    return f"K={settings.k} threshold={settings.threshold:g}"
+
+
+def peak_table(peaks: list[Trace], cells: dict[Settings, list[ClipResult]], half_width_ms: float) -> pd.DataFrame:
+    """Table 7: the target's verification peak per layer (greedy pass) and each audio draft's restart peak (its
+    unrestricted cells) against the reference frames, with the shuffled-frame floor; `runtime_layer` marks the
+    layer the paper's D.2 rule picks."""
+    half_width = round(half_width_ms / FRAME_MS)
+    frames = [t.reference_frames or [] for t in peaks]
+    layers = max((len(v.verify_peaks) for t in peaks for v in t.verified), default=0)
+    rows = []
+    for layer in range(layers):
+        by_position = [{v.position: v.verify_peaks[layer] for v in t.verified} for t in peaks]
+        track = [[p.get(i) for i in range(len(f))] for p, f in zip(by_position, frames, strict=True)]
+        rows.append(peak_agreement(f"target layer {layer} verification", track, frames, half_width, FRAME_MS))
+    for settings, results in cells.items():
+        if settings.window == "unrestricted" and any(s.draft_peak is not None for r in results for s in r.trace.steps):
+            restarts = [[s for s in r.trace.steps if s.depth == 1] for r in results]
+            rows.append(
+                peak_agreement(
+                    f"{cell_name(settings)} restart",
+                    [[s.draft_peak for s in steps] for steps in restarts],
+                    [[s.reference_frame for s in steps] for steps in restarts],
+                    half_width,
+                    FRAME_MS,
+                )
+            )
+    table = pd.DataFrame([asdict(row) for row in rows], columns=list(PeakAgreement.__dataclass_fields__))
+    verification = table.source.str.endswith("verification")
+    table["runtime_layer"] = False
+    if verification.any():
+        table.loc[choose_runtime_layer(table.inside_window[verification].tolist()), "runtime_layer"] = True
+    return table
+
+
+def outcome_table(cells: dict[Settings, list[ClipResult]]) -> pd.DataFrame:
+    """Table 10: every audio cell's restart proposals (depth 1) split by outcome, at the positions where they were
+    made: median anchor error of accepted and rejected ones, share above 200 ms, and the odds ratio of a large
+    error at rejection over acceptance with its interval."""
+    rows = []
+    for settings, results in cells.items():
+        restarts = [_restart_errors(r.trace) for r in results]
+        errors = [error for clip_errors, _ in restarts for error in clip_errors]
+        accepted = [outcome for _, clip_outcomes in restarts for outcome in clip_outcomes]
+        try:
+            outcome = outcome_error(errors, accepted, LARGE_ERROR_MS)
+            ratio = pooled_bootstrap(lambda sums: odds_ratio(sums["outcomes"]), [clip_columns(results)], DRAWS, SEED)
+        except ValueError:  # no audio attention, or no accepted (or no rejected) restart
+            continue
+        rows.append({"cell": cell_name(settings), **asdict(outcome), "odds_low": ratio.low, "odds_high": ratio.high})
+    return pd.DataFrame(rows)
+
+
+def runtime_table(cells: dict[Settings, list[ClipResult]]) -> pd.DataFrame:
+    """Table 16: each runtime window against the unrestricted loop of the same draft, K and threshold.
+
+    Anchor error: median |window centre - reference frame| in frames over the corrected loop's draft steps. Gross:
+    dL / (1 + L), the speed change if the round cost stayed the same. Cost: the correction's added decode seconds
+    per round (measured in both loops), in verification passes of the uncorrected loop. The cost rule (paper eq. 5)
+    predicts a gain when dL / (1 + L) > cost / (1 + K rho); net: the measured change in decode and end-to-end speed.
+    """
+    rows = []
+    for _, window, settings_a, settings_b in _partners(
+        cells, tuple((RUNTIME_BASE, w) for w in RUNTIME_WINDOWS), "window"
+    ):
+        base, corrected = _shared(cells[settings_a], cells[settings_b])
+        base_columns, corrected_columns = clip_columns(base), clip_columns(corrected)
+        L = pooled_estimate(METRICS["L"], [base_columns])
+        delta = {m: contrast("", "", m, base, corrected) for m in ("a1", "a2c", "L")}
+        per_round = [c["decode"].sum() / c["rounds"].sum() for c in (base_columns, corrected_columns)]
+        cost = (per_round[1] - per_round[0]) / (base_columns["verify"].sum() / base_columns["rounds"].sum())
+        measured_rho = rho([r.trace for r in base])
+        net = {
+            phase: _interval(lambda a, b, phase=phase: a[phase] / b[phase] - 1, [base, corrected])
+            for phase in ("decode", "total")
+        }
+        centres = [(s.window_centre, s.reference_frame) for r in corrected for s in r.trace.steps]
+        errors = [abs(c - f) for c, f in centres if None not in (c, f)]
+        rows.append(
+            {
+                "draft": draft_label(settings_b.draft),
+                "window": window,
+                "k": settings_b.k,
+                "threshold": settings_b.threshold,
+                "anchor_error_frames": float(np.median(errors)) if errors else None,
+                **{f"d_{m}": None if d is None else d.estimate for m, d in delta.items()},
+                "d_L_low": delta["L"].low,
+                "d_L_high": delta["L"].high,
+                "gross": delta["L"].estimate / (1 + L),
+                "cost": cost,
+                "rho": measured_rho,
+                "predicted_pays": correction_pays(delta["L"].estimate, L, cost, settings_b.k, measured_rho),
+                **{f"net_{p}": n.estimate for p, n in net.items()},
+                **{f"net_{p}_{end}": getattr(n, end) for p, n in net.items() for end in ("low", "high")},
+                "measured_pays": net["decode"].estimate > 0,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def sweep_table(cells: pd.DataFrame) -> pd.DataFrame:
+    """Table 21: speed and acceptance by K and threshold for each draft and window, its fastest setting marked."""
+    sweep = cells[["draft", "window", "k", "threshold", "decode_speedup", "total_speedup", "a1", "a2c"]].copy()
+    sweep["s2"] = [s[2] if len(s) > 2 else None for s in cells.s]
+    fastest = cells.groupby(["draft", "window"]).decode_speedup.transform("max")
+    sweep["fastest"] = cells.decode_speedup == fastest
+    return sweep.sort_values(["draft", "window", "k", "threshold"]).reset_index(drop=True)
+
+
+@dataclass
+class Tables:
+    cells: pd.DataFrame
+    contrasts: pd.DataFrame
+    peaks: pd.DataFrame
+    outcomes: pd.DataFrame
+    runtime: pd.DataFrame
+    sweep: pd.DataFrame
+
+
+def tables(store: Store, runs: GridRuns, sets: dict[str, str] | None = None) -> Tables:
+    """The paper's tables from the stored runs; `sets` maps clip hashes to evaluation sets."""
+    greedy = store.traces(runs.baseline)
+    results = {settings: clip_results(greedy, store.traces(run_id), sets) for settings, run_id in runs.cells.items()}
+    cells = pd.DataFrame([asdict(cell(settings, runs.cells[settings], rows)) for settings, rows in results.items()])
+    half_width = next(iter(runs.cells)).half_width_ms if runs.cells else 400.0
+    return Tables(
+        cells=cells,
+        contrasts=pd.DataFrame([asdict(c) for c in contrasts(results)], columns=list(Contrast.__dataclass_fields__)),
+        peaks=peak_table(store.traces(runs.peaks), results, half_width),
+        outcomes=outcome_table(results),
+        runtime=runtime_table(results),
+        sweep=sweep_table(cells),
     )

@@ -217,34 +217,63 @@ def bootstrap(
     return Interval(estimate, float(low), float(high))
 
 
+def pooled_estimate(
+    statistic: Callable[..., np.ndarray], arms: list[dict[str, np.ndarray]], strata: Sequence[str] | None = None
+) -> float:
+    """The statistic of pooled sums on the sample itself (see pooled_bootstrap)."""
+    return pooled_bootstrap(statistic, arms, 0, strata=strata).estimate
+
+
 def pooled_bootstrap(
     statistic: Callable[..., np.ndarray],
     arms: list[dict[str, np.ndarray]],
     draws: int = 10_000,
     seed: int = 0,
     level: float = 0.95,
+    strata: Sequence[str] | None = None,
     chunk: int = 1000,
 ) -> Interval:
     """Percentile interval for a statistic of pooled sums, all draws at once.
 
     Each arm holds per-utterance columns (utterances on the first axis, the same utterances in every arm). The
-    statistic takes each arm's column sums, as a dict, and computes elementwise over a leading draw axis: ratios of
-    sums, such as acceptance pooled over rounds or total time over total time. Every draw resamples utterances, the
-    same ones in every arm; draws where the statistic is not finite are skipped, more than half is an error.
+    statistic takes each arm's column sums, as a dict, and computes elementwise over leading axes: ratios of sums,
+    such as acceptance pooled over rounds or total time over total time. With `strata` (one label per utterance,
+    such as its evaluation set) the statistic is taken within each stratum and averaged with equal weights; a
+    stratum where it is undefined on the sample is left out. Every draw resamples utterances within their
+    stratum, the same ones in every arm; draws where the statistic is not finite are skipped, more than half is
+    an error. With no draws the interval is the estimate itself.
     """
     sizes = {len(column) for arm in arms for column in arm.values()}
     if len(sizes) != 1 or not (n := sizes.pop()):
         raise ValueError("arms must hold the same non-empty utterances")
+    labels = np.zeros(n, dtype=int) if strata is None else np.unique(np.asarray(strata), return_inverse=True)[1]
+    groups = [np.flatnonzero(labels == label) for label in range(labels.max() + 1)]
+
+    def evaluate(indices: list[np.ndarray]) -> np.ndarray:
+        """The statistic per stratum: indices[g] (draws, members) picks stratum g's utterances in each draw."""
+        sums = [
+            {name: np.stack([c[index].sum(axis=1) for index in indices], axis=1) for name, c in arm.items()}
+            for arm in arms
+        ]
+        return statistic(*sums)  # (draws, strata)
+
     with np.errstate(divide="ignore", invalid="ignore"):
-        estimate = float(statistic(*[{name: c.sum(axis=0) for name, c in arm.items()} for arm in arms]))
+        per_stratum = evaluate([group[None] for group in groups])[0]
+        defined = np.isfinite(per_stratum)
+        if not defined.any():
+            raise ValueError("statistic undefined on the sample")
+        estimate = float(per_stratum[defined].mean())
+        if not draws:
+            return Interval(estimate, estimate, estimate)
         rng, values = np.random.default_rng(seed), []
         for start in range(0, draws, chunk):
-            index = rng.integers(0, n, size=(min(chunk, draws - start), n))
-            values.append(statistic(*[{name: c[index].sum(axis=1) for name, c in arm.items()} for arm in arms]))
+            size = min(chunk, draws - start)
+            drawn = [rng.choice(group, size=(size, len(group))) for group in groups]
+            values.append(evaluate(drawn)[:, defined].mean(axis=1))
     values = np.concatenate(values)
     values = values[np.isfinite(values)]
-    if not math.isfinite(estimate) or len(values) * 2 < draws:
-        raise ValueError(f"statistic undefined on the sample or in {draws - len(values)} of {draws} draws")
+    if len(values) * 2 < draws:
+        raise ValueError(f"statistic undefined in {draws - len(values)} of {draws} draws")
     low, high = np.quantile(values, [(1 - level) / 2, (1 + level) / 2])
     return Interval(estimate, float(low), float(high))
 
@@ -259,9 +288,9 @@ def _defined(statistic: Callable[..., float | None], arms: list[list]) -> float:
 
 @dataclass
 class PeakAgreement:
-    """How well one target layer's verification attention peaks follow reference frames (paper Table 7)."""
+    """How well one attention-peak track follows reference frames (paper Table 7)."""
 
-    layer: int
+    source: str  # whose peaks: a target layer's verification, or a draft's restart step
     tokens: int
     pooled_r: float  # Pearson r over all tokens of all utterances
     within_r: float  # mean Pearson r inside each utterance (utterances with at least 3 tokens)
@@ -271,27 +300,27 @@ class PeakAgreement:
 
 
 def peak_agreement(
-    peaks: list[list[list[int]]],
+    source: str,
+    peaks: list[list[int | None]],
     frames: list[list[int | None]],
-    layer: int,
     half_width: int,
     frame_ms: float = 20.0,
     seed: int = 0,
 ) -> PeakAgreement:
-    """peaks[u][i][layer]: verification peak for token i of utterance u; frames[u][i]: its reference frame."""
+    """peaks[u][i]: the attention peak for token i of utterance u; frames[u][i]: its reference frame."""
     rng = np.random.default_rng(seed)
     pairs = [
-        np.array([(p[layer], f) for p, f in zip(utterance_peaks, utterance_frames, strict=True) if f is not None])
+        np.array([(p, f) for p, f in zip(utterance_peaks, utterance_frames, strict=True) if None not in (p, f)])
         for utterance_peaks, utterance_frames in zip(peaks, frames, strict=True)
     ]
     pairs = [p for p in pairs if len(p)]
     if not pairs:
-        raise ValueError("no tokens with both a peak and a reference frame")
+        raise ValueError(f"{source}: no tokens with both a peak and a reference frame")
     pooled = np.concatenate(pairs)
     usable = [p for p in pairs if len(p) >= 3 and p[:, 0].std() > 0 and p[:, 1].std() > 0]
     errors = np.abs(pooled[:, 0] - pooled[:, 1])
     return PeakAgreement(
-        layer=layer,
+        source=source,
         tokens=len(pooled),
         pooled_r=_pearson(pooled[:, 0], pooled[:, 1]),
         within_r=_mean([_pearson(p[:, 0], p[:, 1]) for p in usable]),
@@ -310,7 +339,55 @@ def _mean(values: list[float]) -> float:
     return float(np.mean(values)) if values else math.nan
 
 
-def choose_runtime_layer(agreements: list[PeakAgreement], tolerance: float = 0.02) -> int:
-    """Paper D.2: the earliest layer whose peaks fall inside the window within `tolerance` of the best layer."""
-    best = max(a.inside_window for a in agreements)
-    return min(a.layer for a in agreements if a.inside_window >= best - tolerance)
+def choose_runtime_layer(inside_window: list[float], tolerance: float = 0.02) -> int:
+    """Paper D.2: the earliest layer whose peaks fall inside the window within `tolerance` of the best layer.
+
+    inside_window[layer]: the fraction of that layer's verification peaks inside the window.
+    """
+    best = max(inside_window)
+    return next(layer for layer, inside in enumerate(inside_window) if inside >= best - tolerance)
+
+
+@dataclass
+class OutcomeError:
+    """Restart anchor error split by proposal outcome (paper Table 10)."""
+
+    accepted: int
+    rejected: int
+    accepted_median_ms: float
+    rejected_median_ms: float
+    large_at_accept: float  # share of accepted proposals whose error exceeds the large-error bound
+    large_at_reject: float
+    odds_ratio: float  # odds of a large error among rejected over among accepted proposals
+
+
+def outcome_counts(errors_ms: Sequence[float], accepted: Sequence[bool], large_ms: float = 200.0) -> np.ndarray:
+    """[accepted small, accepted large, rejected small, rejected large] proposal counts."""
+    large, accepted = np.asarray(errors_ms) > large_ms, np.asarray(accepted, dtype=bool)
+    return np.array(
+        [np.sum(accepted & ~large), np.sum(accepted & large), np.sum(~accepted & ~large), np.sum(~accepted & large)]
+    )
+
+
+def odds_ratio(counts: np.ndarray) -> np.ndarray:
+    """Odds ratio from outcome_counts (last axis); inf or NaN where a cell is empty."""
+    accepted_small, accepted_large, rejected_small, rejected_large = np.moveaxis(counts, -1, 0)
+    return (rejected_large * accepted_small) / (rejected_small * accepted_large)
+
+
+def outcome_error(errors_ms: Sequence[float], accepted: Sequence[bool], large_ms: float = 200.0) -> OutcomeError:
+    errors, accepted = np.asarray(errors_ms, dtype=float), np.asarray(accepted, dtype=bool)
+    if not accepted.any() or accepted.all():
+        raise ValueError("need both accepted and rejected proposals with an anchor error")
+    counts = outcome_counts(errors, accepted, large_ms)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = float(odds_ratio(counts))
+    return OutcomeError(
+        accepted=int(accepted.sum()),
+        rejected=int((~accepted).sum()),
+        accepted_median_ms=float(np.median(errors[accepted])),
+        rejected_median_ms=float(np.median(errors[~accepted])),
+        large_at_accept=counts[1] / counts[:2].sum(),
+        large_at_reject=counts[3] / counts[2:].sum(),
+        odds_ratio=ratio,
+    )

@@ -7,18 +7,29 @@ import numpy as np
 import pytest
 
 from specasr.cli import main
-from specasr.experiments import COMMAND, Grid, clip_results, contrasts, run_grid, tables
+from specasr.dataset import evaluation_set, load_manifest
+from specasr.experiments import COMMAND, Grid, GridRuns, clip_results, contrasts, run_grid, tables
 from specasr.metrics import bootstrap, pooled_bootstrap
 from specasr.pipeline import Pipeline
 from specasr.store import Store
-from specasr.trace import Round, Settings, Timings, Trace
+from specasr.trace import DraftStep, Round, Settings, Timings, Trace, VerifiedToken
 
 BASE = Settings(target="whisper-tiny.en")
 
 
-def hand_trace(settings: Settings, clip: str, accepted: list[int], decode: float, tokens: list[int] | None = None):
+def hand_trace(
+    settings: Settings,
+    clip: str,
+    accepted: list[int],
+    decode: float,
+    tokens: list[int] | None = None,
+    steps: list[DraftStep] = (),
+    verified: list[VerifiedToken] = (),
+    reference_frames: list[int | None] | None = None,
+    round_seconds: tuple[float, float] = (0.0, 0.0),
+):
     """A trace on clip `clip` whose rounds accepted these counts of K = settings.k proposals (none for greedy)."""
-    rounds = [Round(i, 0, 0, [7] * settings.k, a, 7, 0.0, 0.0) for i, a in enumerate(accepted)]
+    rounds = [Round(i, 0, 0, [7] * settings.k, a, 7, *round_seconds) for i, a in enumerate(accepted)]
     if tokens is None:
         tokens = [7] * (sum(1 + a for a in accepted) - 1)
     return Trace(
@@ -29,7 +40,27 @@ def hand_trace(settings: Settings, clip: str, accepted: list[int], decode: float
         clip_hash=f"hash-{clip}",
         timings=Timings(features=0.5, encoder=0.5, decode=decode),
         rounds=rounds,
+        steps=list(steps),
+        verified=list(verified),
+        reference_frames=reference_frames,
     )
+
+
+def restarts(accepted: list[int], errors: list[int], reference: int = 100, centre: int | None = None) -> list:
+    """Each round's depth-1 step, its draft peak `errors[i]` frames after the reference frame."""
+    return [
+        DraftStep(i, 1, 7, a >= 1, reference + e, centre, reference)
+        for i, (a, e) in enumerate(zip(accepted, errors, strict=True))
+    ]
+
+
+def peaks_trace(clip: str, frames: list[int], offsets: list[int]) -> Trace:
+    """Greedy with verification peaks: layer l attends offsets[l] frames after each token's reference frame."""
+    verified = [VerifiedToken(i, 7, [f + o for o in offsets]) for i, f in enumerate(frames)]
+    return hand_trace(PEAKS, clip, [], 1.0, [7] * len(frames), verified=verified, reference_frames=frames)
+
+
+PEAKS = replace(BASE, k=0, verify_peaks=True, reference="always")
 
 
 @pytest.fixture
@@ -40,49 +71,134 @@ def hand_grid(tmp_path):
     baseline = store.write_run(
         [hand_trace(greedy, "u", [], 2.0, [7] * 6), hand_trace(greedy, "v", [], 1.0, [7] * 2)], COMMAND
     )
-    runs = {
-        control: store.write_run([hand_trace(control, "u", [4, 1], 1.0), hand_trace(control, "v", [2], 1.0)], COMMAND),
+    peaks = store.write_run([peaks_trace("u", [10, 20, 30], [0, 5]), peaks_trace("v", [5, 25], [0, 5])], COMMAND)
+    cells = {
+        control: store.write_run(
+            [
+                hand_trace(control, "u", [4, 1], 1.0, steps=restarts([4, 1], [0, 30])),
+                hand_trace(control, "v", [2], 1.0, steps=restarts([2], [10])),
+            ],
+            COMMAND,
+        ),
         no_audio: store.write_run(
             [hand_trace(no_audio, "u", [0, 0, 1, 2], 2.5), hand_trace(no_audio, "v", [0, 1], 1.5, [7, 7, 8])], COMMAND
         ),
     }
-    return store, baseline, runs
+    return store, GridRuns(baseline, peaks, cells)
 
 
 def test_cells_and_contrasts_equal_a_hand_computation(hand_grid):
-    store, baseline, runs = hand_grid
-    cells, contrast_table = tables(store, baseline, runs)
-    control = cells.set_index("draft").loc["control"]
+    store, runs = hand_grid
+    found = tables(store, runs)
+    control = found.cells.set_index("draft").loc["control"]
     # Rounds accepted 4, 1, 2 of K = 4: s_1 = 3/3, s_2 = 2/3, s_3 = 1/3, s_4 = 1/3.
     assert control.s == pytest.approx([1, 1, 2 / 3, 1 / 3, 1 / 3])
     assert (control.a1, control.a2c, control.L) == (pytest.approx(1.0), pytest.approx(2 / 3), pytest.approx(7 / 3))
     assert control.decode_speedup == pytest.approx(3.0 / 2.0) and control.total_speedup == pytest.approx(5.0 / 4.0)
     assert control.decode_speedup_low <= 1.5 <= control.decode_speedup_high
-    no_audio = cells.set_index("draft").loc["no-audio"]
+    no_audio = found.cells.set_index("draft").loc["no-audio"]
     assert (no_audio.clips, no_audio.lossless_clips) == (2, 1)  # v decoded another token than greedy
     assert no_audio.a1 == pytest.approx(3 / 6)
     assert no_audio["L"] == pytest.approx(4 / 6)
     assert no_audio.decode_speedup == pytest.approx(3.0 / 4.0)
 
-    rows = contrast_table.set_index("metric")
-    assert set(contrast_table.name) == {"control-no-audio"} and set(contrast_table.fixed) == {
-        "unrestricted K=4 threshold=0"
-    }
+    rows = found.contrasts.set_index("metric")
+    assert set(found.contrasts.name) == {"control-no-audio"}
+    assert set(found.contrasts.fixed) == {"unrestricted K=4 threshold=0"}
     assert rows.loc["L", "estimate"] == pytest.approx(7 / 3 - 4 / 6)
     assert rows.loc["a1", "estimate"] == pytest.approx(1.0 - 3 / 6)
     assert rows.loc["decode_speedup", "estimate"] == pytest.approx(1.5 - 0.75)
     assert (rows.clips == 2).all() and (rows.low <= rows.estimate).all() and (rows.estimate <= rows.high).all()
 
+    sweep = found.sweep.set_index("draft")
+    assert sweep.loc["control", "s2"] == pytest.approx(2 / 3) and sweep.fastest.all()  # one K per draft
+    assert found.runtime.empty and found.outcomes.empty  # no runtime window; control rejected no restart
+
+
+def test_evaluation_sets_are_weighted_equally(hand_grid):
+    store, runs = hand_grid
+    found = tables(store, runs, {"hash-u": "A", "hash-v": "B"})
+    control = found.cells.set_index("draft").loc["control"]
+    # u (set A): rounds 4, 1 -> L = 5/2, a2c = 1/2; v (set B): round 2 -> L = 2, a2c = 1
+    assert control["L"] == pytest.approx((5 / 2 + 2) / 2) and control.a2c == pytest.approx((1 / 2 + 1) / 2)
+    # total time: u 3.0 / 2.0, v 2.0 / 2.0
+    assert control.total_speedup == pytest.approx((1.5 + 1.0) / 2)
+    no_audio_L = (3 / 4 + 1 / 2) / 2
+    rows = found.contrasts.set_index("metric")
+    assert rows.loc["L", "estimate"] == pytest.approx(9 / 4 - no_audio_L)
+
+
+def test_peak_table_against_hand_frames(hand_grid):
+    store, runs = hand_grid
+    peaks = tables(store, runs).peaks.set_index("source")
+    layer0, layer1 = peaks.loc["target layer 0 verification"], peaks.loc["target layer 1 verification"]
+    assert layer0.tokens == 5 and layer0.median_error_ms == 0 and layer0.pooled_r == pytest.approx(1.0)
+    assert layer1.median_error_ms == 5 * 20 and layer1.inside_window == 1.0
+    assert layer0.runtime_layer and not layer1.runtime_layer  # earliest layer within 0.02 of the best
+    restart = peaks.loc["control unrestricted K=4 threshold=0 restart"]
+    assert restart.tokens == 3 and restart.median_error_ms == 10 * 20  # errors 0, 30, 10 frames
+    assert restart.inside_window == pytest.approx(2 / 3)  # 30 frames > 400 ms
+    assert "no-audio unrestricted K=4 threshold=0 restart" not in peaks.index  # no audio attention to compare
+
+
+def test_outcome_and_runtime_tables_against_hand_computation(tmp_path):
+    store = Store(tmp_path / "runs.duckdb")
+    greedy, base = replace(BASE, k=0), replace(BASE, draft="anchordraft")
+    runtime = replace(base, window="runtime")
+    baseline = store.write_run([hand_trace(greedy, "u", [], 2.0), hand_trace(greedy, "v", [], 2.0)], COMMAND)
+    peaks = store.write_run([peaks_trace("u", [1, 2, 3], [0]), peaks_trace("v", [4, 5], [0])], COMMAND)
+    timed = (0.05, 0.2)  # draft and verification seconds of every round
+    base_rounds = {"u": [0, 1, 0], "v": [2]}  # restart errors (frames): accepted 5, 20; rejected 2, 15
+    base_errors = {"u": [2, 5, 15], "v": [20]}
+    cells = {
+        base: store.write_run(
+            [
+                hand_trace(
+                    base, c, base_rounds[c], 1.0, steps=restarts(base_rounds[c], base_errors[c]), round_seconds=timed
+                )
+                for c in "uv"
+            ],
+            COMMAND,
+        ),
+        runtime: store.write_run(
+            [
+                hand_trace(runtime, "u", [1, 1], 1.5, steps=restarts([1, 1], [0, 0], centre=103), round_seconds=timed),
+                hand_trace(runtime, "v", [3], 0.5, steps=restarts([3], [0], centre=96), round_seconds=timed),
+            ],
+            COMMAND,
+        ),
+    }
+    found = tables(store, GridRuns(baseline, peaks, cells))
+
+    outcome = found.outcomes.set_index("cell").loc["anchordraft unrestricted K=4 threshold=0"]
+    assert (outcome.accepted, outcome.rejected) == (2, 2)
+    assert (outcome.accepted_median_ms, outcome.rejected_median_ms) == (12.5 * 20, 8.5 * 20)
+    # large (> 200 ms = 10 frames): accepted 20 of (5, 20); rejected 15 of (2, 15)
+    assert (outcome.large_at_accept, outcome.large_at_reject, outcome.odds_ratio) == (0.5, 0.5, 1.0)
+
+    row = found.runtime.iloc[0]
+    assert (row.draft, row.window, row.k) == ("anchordraft", "runtime", 4)
+    # uncorrected: rounds 0, 1, 0, 2 -> L = 3/4; corrected: 1, 1, 3 -> L = 5/3
+    assert row.d_L == pytest.approx(5 / 3 - 3 / 4) and row.d_a1 == pytest.approx(1 - 2 / 4)
+    assert row.gross == pytest.approx((5 / 3 - 3 / 4) / (1 + 3 / 4))
+    # decode seconds per round: 2.0 / 4 uncorrected, 2.0 / 3 corrected; one verification 0.2 s
+    assert row.cost == pytest.approx((2 / 3 - 1 / 2) / 0.2)
+    assert row.rho == pytest.approx((0.05 / 4) / 0.2)
+    assert row.anchor_error_frames == pytest.approx(3)  # centres 103, 103, 96 vs reference 100
+    assert row.predicted_pays == (row.gross > row.cost / (1 + 4 * row.rho))
+    assert row.net_decode == pytest.approx(0.0) and not row.measured_pays  # 2.0 s in both loops
+    assert row.net_total == pytest.approx(0.0) and row.net_decode_low <= 0 <= row.net_decode_high
+
 
 def test_window_contrasts_pair_cells_that_differ_only_in_window(hand_grid):
-    store, baseline, runs = hand_grid
-    control = next(s for s in runs if s.draft == "control")
+    store, runs = hand_grid
+    control = next(s for s in runs.cells if s.draft == "control")
     shifted = replace(control, window="shift")
-    runs[shifted] = store.write_run(
+    runs.cells[shifted] = store.write_run(
         [hand_trace(shifted, "u", [0, 1, 0], 1.5), hand_trace(shifted, "v", [1], 1.0)], COMMAND
     )
-    greedy = store.traces(baseline)
-    results = {settings: clip_results(greedy, store.traces(run_id)) for settings, run_id in runs.items()}
+    greedy = store.traces(runs.baseline)
+    results = {settings: clip_results(greedy, store.traces(run_id)) for settings, run_id in runs.cells.items()}
     found = {(c.name, c.metric): c for c in contrasts(results)}
     assert found["unrestricted-shift", "L"].estimate == pytest.approx(7 / 3 - 2 / 4)
     assert found["unrestricted-shift", "L"].fixed == "control K=4 threshold=0"
@@ -106,21 +222,30 @@ def test_a_grid_runs_once_and_resumes_without_duplicates(sample_clips, tmp_path)
     pipeline = Pipeline(store)
     clips = [u.clip() for u in sample_clips[:2]]
     grid = Grid(BASE, ("random",), ("unrestricted", "correct"), (2,))
-    baseline, runs = run_grid(pipeline, store, grid, clips)
-    assert len(runs) == 2 and set(runs) == set(grid.cells())
+    runs = run_grid(pipeline, store, grid, clips)
+    assert len(runs.cells) == 2 and set(runs.cells) == set(grid.cells())
     history = store.runs()
-    assert len(history) == 3 and (history.decodes == 2).all() and set(history.command) == {COMMAND}
+    assert len(history) == 4 and (history.decodes == 2).all() and set(history.command) == {COMMAND}
+    rows = {table: _rows(store, table) for table in ("decodes", "rounds", "draft_steps", "verified_tokens")}
 
     again = run_grid(Pipeline(store), store, grid, clips)
-    assert again == (baseline, runs)
+    assert again == runs
     assert store.runs().run_id.tolist() == history.run_id.tolist()  # nothing run or written twice
+    assert {table: _rows(store, table) for table in rows} == rows
 
     more = Grid(BASE, ("random",), ("unrestricted", "shift"), (2,))
-    _, grown = run_grid(pipeline, store, more, clips)
-    assert grown[more.cells()[0]] == runs[grid.cells()[0]] and len(store.runs()) == 4  # only the new cell ran
+    grown = run_grid(pipeline, store, more, clips)
+    assert grown.cells[more.cells()[0]] == runs.cells[grid.cells()[0]] and len(store.runs()) == 5  # only the new cell
+    peaks = store.traces(runs.peaks)
+    assert all(t.verified and t.reference_frames for t in peaks)  # every layer's verification peak, per token
 
 
-def test_experiment_command_prints_cells_and_contrasts_as_json(capsys, sample_clips, tmp_path):
+def _rows(store: Store, table: str) -> int:
+    with store._connect() as con:
+        return con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+
+
+def test_experiment_command_prints_the_tables_as_json(capsys, sample_clips, tmp_path):
     db = str(tmp_path / "runs.duckdb")
     command = ["experiment", "--clips", "2", "--draft", "random", "--k", "2,3"]
     assert main([*command, "--window", "unrestricted", "--db", db, "--json"]) == 0
@@ -129,7 +254,24 @@ def test_experiment_command_prints_cells_and_contrasts_as_json(capsys, sample_cl
     for cell in record["cells"]:
         assert cell["clips"] == cell["lossless_clips"] == 2 and len(cell["s"]) == cell["k"] + 1
         assert {"a1", "a2c", "L", "decode_speedup", "total_speedup", "threshold", "window"} <= set(cell)
-    assert record["contrasts"] == []  # cells that differ only in K are not one of the paper's contrasts
+    assert record["contrasts"] == [] and record["runtime"] == []  # cells that differ only in K
     assert record["best_run"] in {c["run_id"] for c in record["cells"]}
+    assert {row["k"] for row in record["sweep"]} == {2, 3} and sum(row["fastest"] for row in record["sweep"]) == 1
+    layers = [row for row in record["peaks"] if row["source"].endswith("verification")]
+    assert len(layers) == 4 and sum(row["runtime_layer"] for row in layers) == 1  # tiny.en: four decoder layers
+    assert "evaluation sets weighted equally" in record["aggregation"]
     assert main([*command, "--window", "sideways", "--db", db]) == 2
     assert "unknown window" in capsys.readouterr().err
+
+
+def test_evaluation_sets_come_from_the_manifest(tmp_path):
+    assert evaluation_set("ls-test-other-1688-142285-0000") == "ls-test-other"
+    assert evaluation_set("cathy-arctic-a0021") == "cathy-arctic"
+    assert evaluation_set("librivox-sense-and-sensibility-01-0880") == "librivox-sense-and-sensibility"
+    assert evaluation_set("plain") == "plain"
+    (tmp_path / "manifest.tsv").write_text(
+        "id\tpath\tduration_s\tspeaker\tsubset\na-1\ta.wav\t1.0\ts\tclean\nb-2\tb.wav\t1.0\ts\t\n"
+    )
+    assert [u.subset for u in load_manifest(tmp_path / "manifest.tsv")] == ["clean", "b"]
+    with pytest.raises(FileNotFoundError, match="no manifest"):
+        load_manifest(tmp_path / "elsewhere")

@@ -196,14 +196,31 @@ def test_peak_agreement_and_the_runtime_layer_rule():
 
     frames = [[10, 20, 30, None, 40], [5, 15, 25]]
     # layer 0 follows the frames closely, layer 1 is offset by 30 frames, layer 2 is flat
-    peaks = [[[f or 0, (f or 0) + 30, 7] for f in utterance] for utterance in frames]
-    exact, offset, flat = (peak_agreement(peaks, frames, layer, half_width=20) for layer in range(3))
+    layers = [
+        [[f or 0 for f in u] for u in frames],
+        [[(f or 0) + 30 for f in u] for u in frames],
+        [[7, 7, 7, 7, 7], [7] * 3],
+    ]
+    exact, offset, flat = (peak_agreement(f"layer {i}", peaks, frames, half_width=20) for i, peaks in enumerate(layers))
     assert exact.tokens == 7 and exact.pooled_r == pytest.approx(1.0) and exact.within_r == pytest.approx(1.0)
-    assert exact.median_error_ms == 0 and exact.inside_window == 1.0
+    assert exact.median_error_ms == 0 and exact.inside_window == 1.0 and exact.source == "layer 0"
     assert offset.within_r == pytest.approx(1.0) and offset.median_error_ms == 600 and offset.inside_window == 0.0
     assert flat.tokens == 7 and flat.inside_window == pytest.approx(5 / 7)
     assert math.isnan(flat.pooled_r) and math.isnan(flat.within_r)  # a constant track has no correlation
-    assert choose_runtime_layer([exact, offset, flat]) == 0
-    nearly = peak_agreement(peaks, frames, 0, half_width=20)
-    nearly.layer, nearly.inside_window = 3, 0.99
-    assert choose_runtime_layer([offset, nearly, exact]) == 0  # earliest within 0.02 of the best
+    missing = peak_agreement("draft", [[None, 20, 30, 1, 40], [5, 15, 25]], frames, half_width=20)
+    assert missing.tokens == 6  # a token without a peak (a draft that did not propose there) is left out
+    assert choose_runtime_layer([1.0, 0.0, 5 / 7]) == 0
+    assert choose_runtime_layer([0.0, 0.99, 1.0]) == 1  # earliest within 0.02 of the best
+
+
+def test_outcome_error_and_its_odds_ratio():
+    from specasr.metrics import outcome_error
+
+    # accepted: 20, 40, 300 ms (1 of 3 large); rejected: 100, 250, 400, 500 ms (3 of 4 large)
+    found = outcome_error([20, 40, 300, 100, 250, 400, 500], [True] * 3 + [False] * 4, large_ms=200)
+    assert (found.accepted, found.rejected) == (3, 4)
+    assert (found.accepted_median_ms, found.rejected_median_ms) == (40, 325)
+    assert (found.large_at_accept, found.large_at_reject) == (pytest.approx(1 / 3), 0.75)
+    assert found.odds_ratio == pytest.approx((0.75 / 0.25) / ((1 / 3) / (2 / 3)))  # 6
+    with pytest.raises(ValueError, match="both accepted and rejected"):
+        outcome_error([20, 40], [True, True])
