@@ -119,6 +119,23 @@ def run_grid(pipeline: Pipeline, store: Store, grid: Grid, clips: list[Clip], re
     return GridRuns(run_ids.pop(grid.baseline()), run_ids.pop(grid.peaks()), run_ids)
 
 
+def stored_grid(store: Store, target: str) -> GridRuns | None:
+    """The latest experiment on `target` found in the store: its greedy baseline, and the peaks pass and cells that
+    decoded the same clips (the latest run of each settings); None where there is none."""
+    runs = [
+        (run_id, settings, decoded) for run_id, settings, decoded in store.decoded(COMMAND) if settings.target == target
+    ]
+    baselines = [(run_id, decoded) for run_id, s, decoded in runs if s.draft is None and not s.verify_peaks]
+    peaks = [(run_id, decoded) for run_id, s, decoded in runs if s.draft is None and s.verify_peaks]
+    if not baselines or not peaks:
+        return None
+    baseline, decoded = baselines[-1]
+    clips = {clip for clip, _ in decoded}
+    same = [run_id for run_id, d in peaks if {clip for clip, _ in d} == clips]
+    cells = {s: run_id for run_id, s, d in runs if s.draft is not None and {clip for clip, _ in d} == clips}
+    return GridRuns(baseline, same[-1], cells) if same else None
+
+
 def _decode_interleaved(
     pipeline: Pipeline, store: Store, pending: list[Settings], clips: list[Clip], repeats: dict[Settings, int]
 ) -> dict[Settings, str]:

@@ -391,3 +391,47 @@ def outcome_error(errors_ms: Sequence[float], accepted: Sequence[bool], large_ms
         large_at_reject=counts[3] / counts[2:].sum(),
         odds_ratio=ratio,
     )
+
+
+def depth_profile(traces: list[Trace], draws: int = 1000, seed: int = 0, frame_ms: float = 20.0) -> pd.DataFrame:
+    """Per draft depth: restart-to-late anchor error (median |draft peak - reference frame|, ms) and conditional
+    acceptance a_k^c, each with a 95% interval from resampling the traces (clips); a single trace has no spread."""
+    k_max = max((t.settings.k for t in traces), default=0)
+    survivors = np.array([[sum(r.accepted >= d for r in t.rounds) for d in range(k_max + 1)] for t in traces], float)
+    errors = [
+        [
+            [
+                abs(s.draft_peak - s.reference_frame) * frame_ms
+                for s in t.steps
+                if s.depth == depth and s.draft_peak is not None and s.reference_frame is not None
+            ]
+            for t in traces
+        ]
+        for depth in range(k_max + 1)
+    ]
+    rows = []
+    for depth in range(1, k_max + 1):
+        row = {"depth": depth, "n": sum(len(e) for e in errors[depth])}
+        try:
+            error = bootstrap(_pooled_median, [errors[depth]], draws, seed)
+            row |= {"anchor_error_ms": error.estimate, "error_low": error.low, "error_high": error.high}
+        except ValueError:
+            row |= dict.fromkeys(("anchor_error_ms", "error_low", "error_high"))
+        try:
+            conditional = pooled_bootstrap(
+                lambda sums, d=depth: sums["s"][..., d] / sums["s"][..., d - 1], [{"s": survivors}], draws, seed
+            )
+            row |= {
+                "conditional": conditional.estimate,
+                "conditional_low": conditional.low,
+                "conditional_high": conditional.high,
+            }
+        except ValueError:
+            row |= dict.fromkeys(("conditional", "conditional_low", "conditional_high"))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _pooled_median(per_clip: list[list[float]]) -> float | None:
+    pooled = [value for values in per_clip for value in values]
+    return float(np.median(pooled)) if pooled else None

@@ -1,55 +1,148 @@
+"""Every dashboard page as a user drives it (Streamlit AppTest, widgets by key)."""
+
+import json
+from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from streamlit.testing.v1 import AppTest
+from test_experiments import BASE, hand_trace, peaks_trace, restarts
 
+from specasr.experiments import COMMAND, stored_grid
 from specasr.store import Store
+from specasr.windows import WINDOWS
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = str(ROOT / "app.py")
-RUNS_PAGE = str(ROOT / "pages" / "1_Runs.py")
 
 
-def _upload(name: str, content: bytes) -> AppTest:
-    app = AppTest.from_file(APP, default_timeout=120).run()
-    app.file_uploader[0].upload(name, content).run()
-    return app
+def page(name: str | None = None, timeout: int = 300) -> AppTest:
+    app = AppTest.from_file(APP, default_timeout=timeout).run()
+    return app.switch_page(f"pages/{name}.py").run() if name else app
 
 
-def test_dashboard_transcribes_an_uploaded_clip_and_keeps_the_run(sample_clips):
+def figures(app: AppTest) -> dict[str, dict]:
+    return {chart.key: json.loads(chart.proto.spec) for chart in app.get("plotly_chart")}
+
+
+def names(figure: dict) -> list[str]:
+    return [trace.get("name") for trace in figure["data"]]
+
+
+def use_random_draft(app: AppTest, k: int = 2) -> None:
+    app.sidebar.selectbox(key="draft").set_value("random")
+    app.sidebar.selectbox(key="draft_dtype").set_value("float16")
+    app.sidebar.slider(key="k").set_value(k)
+
+
+def upload(app: AppTest, key: str, name: str, content: bytes) -> None:
+    app.radio(key=f"{key}_source").set_value("upload").run()
+    app.get("file_uploader")[0].upload(name, content).run()
+
+
+def frame_with(app: AppTest, *columns: str):
+    """The first table on the page holding these columns (Streamlit does not address tables by key)."""
+    return next(f.value for f in app.dataframe if set(columns) <= set(f.value.columns))
+
+
+def text_of(app: AppTest) -> str:
+    return " ".join(m.value for m in app.markdown)
+
+
+def test_live_decode_shows_transcript_metrics_and_drift(sample_clips):
     before = len(Store().runs())
-    app = _upload("clip.wav", sample_clips[0].path.read_bytes())
+    app = page()
+    use_random_draft(app)
+    app.number_input(key="repeats").set_value(1)
+    upload(app, "decode", "clip.wav", sample_clips[0].path.read_bytes())
+    app.button(key="run").click().run()
     assert not app.exception and not app.error
-    assert "cooler judgment" in " ".join(m.value for m in app.markdown)
-    assert [m.label for m in app.metric] == ["Tokens", "Decode ms per token"]
+    assert "cooler" in text_of(app) and "judgment" in text_of(app)
+    labels = {m.label for m in app.metric}
+    assert {"a1 (restart)", "a2c (continuation)", "L (accepted per round)", "Decode-phase speedup"} <= labels
+    drift = figures(app)["drift"]
+    assert {"waveform", "draft peak, proposal rejected", "forced alignment"} <= set(names(drift))
+    assert any(n.startswith("target verification peak") for n in names(drift))
     runs = Store().runs()
-    assert len(runs) == before + 1 and runs.iloc[0].command == "dashboard"
-    assert runs.iloc[0].run_id in " ".join(c.value for c in app.caption)
+    assert len(runs) == before + 3 and set(runs.command.iloc[:3]) == {"dashboard", "dashboard-bench"}
+    shown = [c.value for c in app.caption]
+    assert any(runs.run_id.iloc[2] in c or runs.run_id.iloc[0] in c for c in shown)
+
+    app.selectbox(key="layer").set_value(0).run()  # a new layer redraws; it does not decode again
+    assert len(Store().runs()) == before + 3
+    assert "target verification peak (layer 0)" in names(figures(app)["drift"])
 
 
-def test_dashboard_reports_bad_audio_without_crashing():
-    app = _upload("notes.wav", b"plain text, not audio")
+def test_a_bad_upload_shows_its_message_and_stores_nothing():
+    before = len(Store().runs())
+    app = page()
+    upload(app, "decode", "notes.wav", b"plain text, not audio")
     assert not app.exception
     assert "cannot decode notes.wav" in app.error[0].value
+    assert app.button(key="run").disabled and len(Store().runs()) == before
 
 
-def test_dashboard_shows_acceptance_and_drift_for_a_draft(sample_clips):
-    app = AppTest.from_file(APP, default_timeout=180).run()
-    app.selectbox[3].set_value("random").run()
-    app.selectbox[4].set_value("float16").run()
-    app.file_uploader[0].upload("clip.wav", sample_clips[0].path.read_bytes()).run()
+def test_windows_page_draws_every_window():
+    app = page("windows")
+    use_random_draft(app, k=3)
+    app.button(key="run_windows").click().run()
     assert not app.exception and not app.error
-    assert "cooler judgment" in " ".join(m.value for m in app.markdown)
-    labels = [m.label for m in app.metric]
-    assert {"a1 (restart)", "a2c (continuation)", "L (accepted per round)", "Rounds"} <= set(labels)
-    assert [h.value for h in app.subheader] == ["Transcript", "Alignment drift"]
-    latest = Store().runs().iloc[0]
-    assert (latest.draft, latest.draft_dtype, latest.command) == ("random", "float16", "dashboard")
+    survival = figures(app)["survival"]
+    assert names(survival) == list(WINDOWS)
+    assert frame_with(app, "window", "L", "run").window.tolist() == list(WINDOWS)
 
 
-def test_runs_page_lists_the_stored_runs(sample_clips):
-    _upload("clip.wav", sample_clips[0].path.read_bytes())
-    page = AppTest.from_file(RUNS_PAGE, default_timeout=60).run()
-    assert not page.exception and not page.error
-    shown = page.dataframe[0].value
-    assert len(shown) == len(Store().runs()) >= 1
-    assert {"run_id", "target", "draft_name", "window", "k", "clips", "rounds", "draft_steps"} <= set(shown.columns)
+def test_checkpoints_page_compares_two_drafts():
+    app = page("checkpoints")
+    app.multiselect(key="checkpoint_drafts").set_value(["whisper-tiny.en/anchordraft", "random"])
+    app.slider(key="checkpoint_count").set_value(1)
+    app.button(key="compare").click().run()
+    assert not app.exception and not app.error
+    cells = frame_with(app, "draft", "lossless_clips")
+    assert set(cells.draft) == {"anchordraft", "random"} and (cells.clips == 1).all()
+    differences = frame_with(app, "name", "metric", "estimate")
+    assert set(differences.name) == {"random-anchordraft"} and {"a1", "L"} <= set(differences.metric)
+
+
+def test_runs_page_lists_a_stored_run_and_opens_it(sample_clips):
+    app = page("runs")
+    assert not app.exception and not app.error
+    listed = frame_with(app, "run_id", "command", "draft_steps")
+    assert len(listed) == len(Store().runs()) >= 1
+    run_id = listed.run_id.iloc[0]
+    assert any(run_id in c.value for c in app.caption)
+
+    opened = AppTest.from_file(APP, default_timeout=120)
+    opened.query_params["run"] = run_id
+    opened.run()
+    assert not opened.exception and not opened.error
+    assert any(run_id in c.value for c in opened.caption)
+
+
+def test_drift_page_draws_stored_runs(sample_clips):
+    app = page("drift")
+    assert not app.exception and not app.error
+    assert "drift_acceptance" in figures(app)
+
+
+def test_cost_rule_page_shows_the_runtime_table_of_a_stored_experiment():
+    store = Store()
+    greedy = replace(BASE, k=0, verify_peaks=False, reference="never")
+    base = replace(BASE, draft="anchordraft")
+    runtime = replace(base, window="runtime")
+    timed = (0.05, 0.2)
+    baseline = store.write_run([hand_trace(greedy, "u", [], 2.0), hand_trace(greedy, "v", [], 2.0)], COMMAND)
+    store.write_run([peaks_trace("u", [1, 2, 3], [0]), peaks_trace("v", [4, 5], [0])], COMMAND)
+    for settings, rounds in ((base, [0, 1, 0]), (runtime, [1, 1, 2])):
+        traces = [
+            hand_trace(settings, c, rounds, 1.0, steps=restarts(rounds, [0, 0, 0]), round_seconds=timed) for c in "uv"
+        ]
+        store.write_run(traces, COMMAND)
+    assert stored_grid(store, "whisper-tiny.en").baseline == baseline
+
+    app = page("cost_rule")
+    assert not app.exception and not app.error
+    assert "pays" in text_of(app)
+    row = frame_with(app, "d_L", "cost", "predicted_pays").iloc[0]
+    assert (row.window, row.d_L) == ("runtime", pytest.approx(4 / 3 - 1 / 3))
+    assert "rule_figure" in figures(app)

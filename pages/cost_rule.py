@@ -1,0 +1,78 @@
+"""Cost rule: when a correction pays. A correction that adds dL accepted tokens per round and costs dC (in
+verification passes) speeds decoding up when dL / (1 + L) > dC / (1 + K rho) (paper eq. 5)."""
+
+import streamlit as st
+
+import widgets
+from specasr.experiments import stored_grid, tables
+from specasr.metrics import acceptance, correction_pays, rho
+from specasr.targets import BUILTIN_TARGETS
+from specasr.views import cost_rule_figure
+
+st.title("Cost rule")
+st.write(
+    "One round costs about 1 + K rho verification passes (rho: one draft step's cost relative to one verification) "
+    "and advances 1 + L tokens. A correction that changes L by dL and adds dC to the round's cost pays when "
+    "**dL / (1 + L) > dC / (1 + K rho)**."
+)
+
+
+@st.cache_data(show_spinner="Computing the experiment's tables (bootstrap intervals)…")
+def experiment_tables(db: str, target: str, runs_key: tuple) -> dict:
+    """The runner's tables for the latest experiment on `target`; `runs_key` names its runs, so a new run refreshes."""
+    found = tables(widgets.store(), stored_grid(widgets.store(), target))
+    return {"runtime": found.runtime, "sweep": found.sweep}
+
+
+current = (st.session_state.get("decoded") or {}).get("trace")
+defaults = {"L": 1.0, "rho": 0.1, "k": 4}
+if current is not None and current.rounds:
+    try:
+        defaults = {"L": acceptance([current]).L, "rho": rho([current]), "k": current.settings.k}
+        st.caption(
+            f"Measured on your latest decode ({current.clip_id}, draft {current.draft_name}, K={current.settings.k}): "
+            f"L = {defaults['L']:.2f}, rho = {defaults['rho']:.3f}."
+        )
+    except ValueError as error:
+        st.caption(f"Your latest decode gives no rho: {error}")
+
+st.subheader("Try a correction")
+columns = st.columns(5)
+L = columns[0].number_input("L", 0.0, 16.0, float(defaults["L"]), step=0.05, key="rule_L")
+k = columns[1].number_input("K", 1, 16, int(defaults["k"]), key="rule_k")
+measured_rho = columns[2].number_input(
+    "rho", 0.0, 2.0, float(defaults["rho"]), step=0.01, format="%.3f", key="rule_rho"
+)
+delta_L = columns[3].number_input("dL", -4.0, 4.0, 0.1, step=0.05, key="rule_dL")
+delta_cost = columns[4].number_input("dC (verification passes)", -1.0, 4.0, 0.05, step=0.01, key="rule_dC")
+recovered, cost = delta_L / (1 + L), delta_cost / (1 + k * measured_rho)
+verdict = "pays" if correction_pays(delta_L, L, delta_cost, k, measured_rho) else "does not pay"
+st.metric("Work recovered minus cost", f"{recovered - cost:+.3f}", help="dL / (1 + L) - dC / (1 + K rho)")
+st.write(f"dL / (1 + L) = {recovered:.3f} against dC / (1 + K rho) = {cost:.3f}: the correction **{verdict}**.")
+
+st.subheader("Measured by the experiment runner")
+target = st.selectbox("Target", list(BUILTIN_TARGETS), key="rule_target")
+try:
+    runs = stored_grid(widgets.store(), target)
+except widgets.DECODE_ERRORS as error:
+    widgets.report(error)
+    st.stop()
+if runs is None:
+    st.info(
+        f"No experiment on {target} in the store yet. Run one, for example:\n\n"
+        f"`python -m specasr experiment --target {target} --draft shipped --window unrestricted,runtime --k 2,4`"
+    )
+    st.stop()
+key = (runs.baseline, runs.peaks, tuple(sorted(runs.cells.values())))
+found = experiment_tables(str(widgets.store().path), target, key)
+if len(found["runtime"]):
+    st.plotly_chart(cost_rule_figure(found["runtime"]), key="rule_figure")
+    st.caption(
+        "Each point is a runtime-corrected cell against the unrestricted loop of the same draft, K and threshold: "
+        "above the dashed line the rule predicts a gain; green where the measured decode phase got faster."
+    )
+    st.dataframe(found["runtime"], hide_index=True, key="rule_runtime")
+else:
+    st.info("This experiment has no runtime-window cell next to an unrestricted one.")
+st.subheader("K and threshold sweep")
+st.dataframe(found["sweep"], hide_index=True, key="rule_sweep")

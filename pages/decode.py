@@ -1,0 +1,117 @@
+"""Live decode: one clip through greedy and speculative decoding; where the draft listened, where the target
+listened, and where the words are."""
+
+import html
+from dataclasses import replace
+
+import streamlit as st
+
+import widgets
+from specasr.audio import SAMPLE_RATE
+from specasr.bench import benchmark
+from specasr.metrics import acceptance
+from specasr.views import attention_heatmap, drift_figure, round_table, token_rows
+
+st.title("Live decode")
+settings = widgets.settings_sidebar()
+requested = st.query_params.get("run")
+clip = widgets.clip_input("decode")
+repeats = st.number_input("Timing repetitions (warm, interleaved with greedy)", 1, 10, 3, key="repeats")
+
+
+def run(clip, settings, repeats: int) -> dict | None:
+    pipeline, store = widgets.pipeline(), widgets.store()
+    with st.status("Decoding…", expanded=True) as status:
+        status.write("Speculative decode, keeping the draft's attention rows and aligning the transcript")
+        try:
+            trace, problem = widgets.decode_with_reference(clip, replace(settings, keep_attention=True))
+            if problem:
+                st.warning(f"{problem}; the other positions are still shown.")
+            status.write(f"Timing greedy against speculative: {repeats} warm repetitions each, interleaved")
+            arms = {"greedy": replace(settings, draft=None), "speculative": replace(settings, reference="never")}
+            if settings.needs_reference:
+                arms["speculative"] = replace(settings, reference="always")
+            table, results = benchmark(pipeline, arms, [clip], repeats)
+            run_id = store.write_run([trace], "dashboard")
+            timed = {name: store.write_run(r.traces, "dashboard-bench", r.repeats) for name, r in results.items()}
+        except widgets.DECODE_ERRORS as error:
+            widgets.report(error)
+            return None
+        status.update(label="Done", state="complete", expanded=False)
+    return {"trace": trace, "audio": clip.audio, "speed": table.iloc[0], "repeats": repeats, "run": run_id} | timed
+
+
+if st.button("Run", type="primary", key="run", disabled=clip is None):
+    st.session_state["decoded"] = run(clip, settings, repeats)
+elif requested and st.session_state.get("opened") != requested:
+    try:
+        traces = widgets.store().traces(requested)
+    except widgets.DECODE_ERRORS as error:
+        st.error(str(error))
+        traces = []
+    if traces:
+        st.session_state["decoded"] = {"trace": traces[0], "audio": None, "speed": None, "run": requested}
+    st.session_state["opened"] = requested
+
+result = st.session_state.get("decoded")
+if not result:
+    st.info("Pick a clip and press Run. Changing a setting decodes nothing until you press Run again.")
+    st.stop()
+
+trace = result["trace"]
+pieces = widgets.token_pieces(trace)
+st.caption(
+    f"{trace.clip_id}: {trace.settings.target} on {trace.settings.device} ({trace.settings.dtype}), draft "
+    f"{trace.draft_name}, window {trace.settings.window}, K={trace.settings.k}; stored as run {result['run']}."
+)
+if result["audio"] is not None:
+    st.audio(result["audio"], sample_rate=SAMPLE_RATE)
+
+tokens = token_rows(trace, pieces)
+st.subheader("Transcript")
+marked, rounds = [], tokens["round"].tolist()
+for row in tokens.itertuples():
+    if row.position > 0 and row.round != rounds[row.position - 1]:
+        marked.append('<span style="color:#999">│</span>')
+    style = "background:#d4f5d4" if row.source == "draft" else "background:#fde2c8;font-weight:600"
+    marked.append(f'<span style="{style}" title="round {row.round}, {row.source}">{html.escape(row.text)}</span>')
+st.markdown("".join(marked) or "*(no speech recognized)*", unsafe_allow_html=True)
+st.caption("Green: a draft proposal the target accepted. Orange: the target's own token. │: a new round.")
+
+if trace.rounds:
+    accepted = acceptance([trace])
+    columns = st.columns(4)
+    columns[0].metric("a1 (restart)", f"{accepted.a1:.2f}")
+    columns[1].metric("a2c (continuation)", "-" if accepted.a2c is None else f"{accepted.a2c:.2f}")
+    columns[2].metric("L (accepted per round)", f"{accepted.L:.2f}")
+    columns[3].metric("Rounds", accepted.rounds)
+if result["speed"] is not None:
+    speed = result["speed"]
+    columns = st.columns(3)
+    columns[0].metric("Decode-phase speedup", f"{speed.decode_speedup:.2f}x")
+    columns[1].metric("End-to-end speedup", f"{speed.total_speedup:.2f}x")
+    columns[2].metric("Greedy decode ms/token", f"{1000 * speed.greedy_decode / max(1, speed.tokens):.1f}")
+    st.caption(
+        f"Speedups against greedy decoding of the same clip: medians of {result['repeats']} warm repetitions per arm, "
+        f"interleaved, after one warm-up decode each (runs {result['greedy']} and {result['speculative']})."
+        + ("" if speed.same_tokens else " The speculative transcript differed from greedy's: report this as a bug.")
+    )
+
+st.subheader("Alignment drift")
+layers = max((len(v.verify_peaks) for v in trace.verified), default=1)
+runtime = trace.settings.runtime_layer or 0
+layer = st.selectbox("Target layer for verification peaks", range(layers), index=min(runtime, layers - 1), key="layer")
+st.plotly_chart(drift_figure(trace, pieces, layer, result["audio"]), key="drift")
+st.caption(
+    "Each row is a transcript token. Circles: the draft's attention peak for an accepted proposal (larger: deeper in "
+    "the round); crosses: rejected proposals; line: where the target's verification attended at the chosen layer; "
+    "diamonds: the forced-alignment time; grey bars: the draft's attention window where one applied."
+)
+with st.expander("Draft attention heatmap"):
+    try:
+        st.plotly_chart(attention_heatmap(trace, pieces), key="heatmap")
+    except ValueError as error:
+        st.info(str(error))
+with st.expander("Rounds"):
+    decode_text = widgets.pipeline().target(trace.settings).tokenizer.decode
+    st.dataframe(round_table(trace, decode_text), hide_index=True)

@@ -1,0 +1,72 @@
+"""Runs: every decode the dashboard, the command line and the experiment runner kept in the run store."""
+
+import io
+import json
+import tempfile
+import zipfile
+from dataclasses import asdict
+from pathlib import Path
+
+import pandas as pd
+import streamlit as st
+
+import widgets
+
+COLUMNS = [
+    "run_id", "created", "command", "target", "draft_name", "draft_dtype", "k", "window", "clips", "decodes", "rounds",
+    "draft_steps", "tokens", "median_wer", "seconds", "device", "dtype", "git_commit", "git_dirty",
+]  # fmt: skip
+
+st.title("Runs")
+store = widgets.store()
+left, middle, right = st.columns(3)
+filters = {
+    "target": left.text_input("Target", key="runs_target") or None,
+    "draft": middle.text_input("Draft (name or name@hash)", key="runs_draft") or None,
+    "window": right.text_input("Window", key="runs_window") or None,
+    "dataset": left.text_input("Dataset", key="runs_dataset") or None,
+}
+k = middle.number_input("K (0: any)", 0, 64, 0, key="runs_k")
+dates = right.date_input("Created between", value=(), key="runs_dates")
+if len(dates) == 2:
+    filters |= {"since": str(dates[0]), "until": f"{dates[1]} 23:59:59"}
+try:
+    runs = store.runs(**filters, k=k or None)
+except widgets.DECODE_ERRORS as error:
+    widgets.report(error)
+    st.stop()
+st.caption(f"{len(runs)} runs in {store.path}, newest first. Each run is one set of settings over one or more clips.")
+st.dataframe(runs[COLUMNS], hide_index=True, key="runs_table")
+if runs.empty:
+    st.stop()
+
+run_id = st.selectbox("Open a run", runs.run_id.tolist(), key="runs_open")
+st.page_link("pages/decode.py", label=f"Show run {run_id} on Live decode", query_params={"run": run_id})
+st.caption(f"Shareable: add ?run={run_id} to the Live decode page's address.")
+
+
+def parquet_zip(run_id: str) -> bytes:
+    with tempfile.TemporaryDirectory() as folder:
+        paths = store.export_runs([run_id], folder)
+        return _zip({path.name: path.read_bytes() for path in paths})
+
+
+def csv_zip(run_id: str) -> bytes:
+    with tempfile.TemporaryDirectory() as folder:
+        paths = store.export_runs([run_id], folder)
+        return _zip({Path(p).with_suffix(".csv").name: pd.read_parquet(p).to_csv(index=False).encode() for p in paths})
+
+
+def _zip(files: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, content in files.items():
+            archive.writestr(name, content)
+    return buffer.getvalue()
+
+
+left, middle, right = st.columns(3)
+left.download_button("Parquet (zip)", parquet_zip(run_id), f"run-{run_id}-parquet.zip", key="download_parquet")
+middle.download_button("CSV (zip)", csv_zip(run_id), f"run-{run_id}-csv.zip", key="download_csv")
+traces = json.dumps([asdict(t) for t in store.traces(run_id)])
+right.download_button("JSON (traces)", traces, f"run-{run_id}.json", mime="application/json", key="download_json")

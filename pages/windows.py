@@ -1,0 +1,83 @@
+"""Windows: the same clip and draft under every attention window, side by side."""
+
+from dataclasses import replace
+
+import pandas as pd
+import streamlit as st
+
+import widgets
+from specasr.align import AlignmentError
+from specasr.metrics import acceptance, anchor_error_by_depth
+from specasr.targets import FRAME_SECONDS
+from specasr.views import depth_figure, survival_figure
+from specasr.windows import WINDOWS
+
+st.title("Windows")
+st.write(
+    "One click decodes the clip under every window condition with the same draft and K. If the draft uses the audio "
+    "where the words are, the correct window should do at least as well as unrestricted attention, and a window "
+    "shifted 500 ms off the words should do much worse."
+)
+settings = widgets.settings_sidebar(windows=False)
+clip = widgets.clip_input("windows")
+
+
+def run_windows(clip, settings) -> dict:
+    traces, reasons = {}, {}
+    with st.status("Decoding under every window…", expanded=True) as status:
+        for window in WINDOWS:
+            status.write(window)
+            try:
+                traces[window], reasons[window] = widgets.decode_with_reference(
+                    clip, replace(settings, window=window, verify_peaks=False)
+                )
+            except AlignmentError as error:
+                reasons[window] = str(error)
+            except widgets.DECODE_ERRORS as error:
+                widgets.report(error)
+                return {}
+        try:
+            runs = {window: widgets.store().write_run([trace], "dashboard") for window, trace in traces.items()}
+        except widgets.DECODE_ERRORS as error:
+            widgets.report(error)
+            return {}
+        status.update(label="Done", state="complete", expanded=False)
+    return {"traces": traces, "reasons": {w: r for w, r in reasons.items() if r}, "runs": runs}
+
+
+if st.button("Run every window", type="primary", key="run_windows", disabled=clip is None):
+    st.session_state["windows"] = run_windows(clip, settings)
+
+result = st.session_state.get("windows")
+if not result or not result["traces"]:
+    st.info("Pick a clip and press Run every window.")
+    st.stop()
+for window, reason in result["reasons"].items():
+    st.warning(f"{window}: {reason}" if window in result["traces"] else f"{window}: not run; {reason}")
+
+traces = result["traces"]
+first = next(iter(traces.values()))
+st.caption(f"{first.clip_id}: {first.settings.target}, draft {first.draft_name}, K={first.settings.k}.")
+accepted = {window: acceptance([trace]) for window, trace in traces.items()}
+summary = pd.DataFrame(
+    [
+        {"window": w, "a1": a.a1, "a2c": a.a2c, "L": a.L, "rounds": a.rounds, "run": result["runs"][w]}
+        for w, a in accepted.items()
+    ]
+)
+survival = pd.DataFrame(
+    [{"window": w, "depth": depth, "s": s} for w, a in accepted.items() for depth, s in enumerate(a.s)]
+)
+left, right = st.columns(2)
+left.subheader("Survival by depth")
+left.plotly_chart(survival_figure(survival), key="survival")
+errors = pd.concat(
+    [anchor_error_by_depth([trace]).assign(window=w) for w, trace in traces.items() if trace.steps], ignore_index=True
+)
+right.subheader("Anchor error by depth")
+if len(errors):
+    errors["median_ms"] = errors["median"] * FRAME_SECONDS * 1000
+    right.plotly_chart(depth_figure(errors, "median_ms", "window", "median |draft peak - alignment| (ms)"), key="error")
+else:
+    right.info("No anchor errors: the draft has no audio attention, or no token got a reference frame.")
+st.dataframe(summary, hide_index=True, key="summary")

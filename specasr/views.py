@@ -1,0 +1,258 @@
+"""Figures and tables for the dashboard, built from traces and store DataFrames: no torch, no Streamlit.
+
+Time axes are in seconds of the clip; hovers give positions in milliseconds and frames.
+"""
+
+from collections.abc import Callable
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from specasr.targets import FRAME_SECONDS
+from specasr.trace import Trace
+
+FRAME_MS = FRAME_SECONDS * 1000
+ACCEPTED, REJECTED, VERIFIED, ALIGNED, WINDOW = "#2ca02c", "#d62728", "#1f77b4", "#222222", "rgba(128,128,128,0.35)"
+
+
+def token_rows(trace: Trace, pieces: list[str]) -> pd.DataFrame:
+    """One row per transcript token: its text, the round that produced it, whether a draft proposal was accepted for
+    it or the target supplied it (the first token, and each round's correction), and its positions in ms."""
+    origin = ["target"] * len(trace.tokens)
+    round_of = [None] * len(trace.tokens)
+    for r in trace.rounds:
+        for offset in range(r.accepted + 1):
+            if (position := r.start + offset) < len(origin):
+                origin[position] = "draft" if offset < r.accepted else "target"
+                round_of[position] = r.index
+    reference = trace.reference_frames or [None] * len(trace.tokens)
+    verify = {v.position: v.verify_peaks for v in trace.verified}
+    return pd.DataFrame(
+        {
+            "position": range(len(trace.tokens)),
+            "text": pieces,
+            "round": pd.Series(round_of, dtype=object),  # None: the first token, from the prompt pass
+            "source": origin,
+            "reference_ms": [None if f is None else f * FRAME_MS for f in reference],
+            "verify_peaks_ms": [[p * FRAME_MS for p in verify[i]] if i in verify else None for i in range(len(pieces))],
+        }
+    )
+
+
+def round_table(trace: Trace, decode: Callable[[list[int]], str]) -> pd.DataFrame:
+    """One row per round: proposals, how many were accepted, the target's own token, and its cost in ms."""
+    return pd.DataFrame(
+        [
+            {
+                "round": r.index,
+                "segment": r.segment,
+                "start": r.start,
+                "proposed": " | ".join(decode([t]) for t in r.proposed),
+                "accepted": r.accepted,
+                "target token": decode([r.target_token]),
+                "draft ms": 1000 * r.draft_seconds,
+                "verify ms": 1000 * r.verify_seconds,
+            }
+            for r in trace.rounds
+        ]
+    )
+
+
+def drift_figure(
+    trace: Trace, pieces: list[str], layer: int, audio: np.ndarray | None = None, rate: int = 16000
+) -> go.Figure:
+    """Where each transcript token was heard, over the clip's time: the draft's attention peak at every proposal
+    (accepted or rejected, marker size by depth), the draft's window where one applied, the target's verification
+    peak at `layer`, and the forced-alignment frame; the waveform above on the same axis."""
+    figure = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.18, 0.82], vertical_spacing=0.03)
+    if audio is not None and len(audio):
+        frames = max(1, len(audio) // int(rate * FRAME_SECONDS))
+        envelope = np.abs(audio[: frames * (len(audio) // frames)]).reshape(frames, -1).max(axis=1)
+        times = np.arange(frames) * (len(audio) / rate / frames)
+        figure.add_scatter(
+            x=times, y=envelope, fill="tozeroy", mode="lines", name="waveform", line={"color": "#999"}, row=1, col=1
+        )
+    label = {i: f"{i}: {p.strip() or repr(p)}" for i, p in enumerate(pieces)}
+    start = {r.index: r.start for r in trace.rounds}
+    steps = [s for s in trace.steps if s.round in start]
+    windowed = [s for s in steps if s.window_centre is not None]
+    half_width = trace.settings.half_width_ms / 1000
+    if windowed:
+        xs, ys = [], []
+        for s in windowed:
+            centre = s.window_centre * FRAME_SECONDS
+            xs += [centre - half_width, centre + half_width, None]
+            ys += [start[s.round] + s.depth - 1] * 2 + [None]
+        figure.add_scatter(
+            x=xs, y=ys, mode="lines", name="draft window", line={"color": WINDOW, "width": 8}, hoverinfo="skip"
+        )
+    for accepted, name, colour, symbol in ((True, "accepted", ACCEPTED, "circle"), (False, "rejected", REJECTED, "x")):
+        chosen = [s for s in steps if s.accepted == accepted and s.draft_peak is not None]
+        positions = [start[s.round] + s.depth - 1 for s in chosen]
+        figure.add_scatter(
+            x=[s.draft_peak * FRAME_SECONDS for s in chosen],
+            y=positions,
+            mode="markers",
+            name=f"draft peak, proposal {name}",
+            marker={"color": colour, "symbol": symbol, "size": [6 + 3 * s.depth for s in chosen]},
+            customdata=[
+                [
+                    label.get(p, p),
+                    s.round,
+                    s.depth,
+                    s.draft_peak * FRAME_MS,
+                    _ms(s.reference_frame),
+                    _ms(s.window_centre),
+                ]
+                for p, s in zip(positions, chosen, strict=True)
+            ],
+            hovertemplate="token %{customdata[0]}<br>round %{customdata[1]}, depth %{customdata[2]}<br>"
+            "draft peak %{customdata[3]:.0f} ms<br>alignment %{customdata[4]} ms<br>window centre %{customdata[5]} ms"
+            "<extra></extra>",
+        )
+    verified = [v for v in trace.verified if layer < len(v.verify_peaks)]
+    if verified:
+        figure.add_scatter(
+            x=[v.verify_peaks[layer] * FRAME_SECONDS for v in verified],
+            y=[v.position for v in verified],
+            mode="lines+markers",
+            name=f"target verification peak (layer {layer})",
+            line={"color": VERIFIED, "width": 1},
+            marker={"size": 5},
+            customdata=[[label.get(v.position, v.position), v.verify_peaks[layer] * FRAME_MS] for v in verified],
+            hovertemplate="token %{customdata[0]}<br>verification peak %{customdata[1]:.0f} ms<extra></extra>",
+        )
+    if trace.reference_frames:
+        known = [(i, f) for i, f in enumerate(trace.reference_frames) if f is not None]
+        figure.add_scatter(
+            x=[f * FRAME_SECONDS for _, f in known],
+            y=[i for i, _ in known],
+            mode="markers",
+            name="forced alignment",
+            marker={"color": ALIGNED, "symbol": "diamond-open", "size": 8},
+            customdata=[[label.get(i, i), f * FRAME_MS] for i, f in known],
+            hovertemplate="token %{customdata[0]}<br>forced alignment %{customdata[1]:.0f} ms<extra></extra>",
+        )
+    tick_step = max(1, len(pieces) // 40)
+    figure.update_yaxes(
+        title_text="transcript token",
+        tickvals=list(range(0, len(pieces), tick_step)),
+        ticktext=[label[i] for i in range(0, len(pieces), tick_step)],
+        autorange="reversed",
+        row=2,
+        col=1,
+    )
+    figure.update_yaxes(showticklabels=False, row=1, col=1)
+    figure.update_xaxes(title_text="audio time (s)", row=2, col=1)
+    figure.update_layout(height=max(420, 14 * len(pieces) + 160), legend={"orientation": "h", "y": -0.08})
+    return figure
+
+
+def _ms(frame: int | None) -> str:
+    return "-" if frame is None else f"{frame * FRAME_MS:.0f}"
+
+
+def attention_heatmap(trace: Trace, pieces: list[str]) -> go.Figure:
+    """The draft's head-averaged audio attention of every kept proposal (rows: round/depth/token), with the forced
+    alignment of the token it proposed for."""
+    rows = [s for s in trace.steps if s.attention is not None]
+    if not rows:
+        raise ValueError("this decode kept no attention rows (decode with keep_attention and an audio draft)")
+    start = {r.index: r.start for r in trace.rounds}
+    width = max(len(s.attention) for s in rows)
+    origin = {seg.index: seg.start_frame for seg in trace.segments}
+    segment = {r.index: r.segment for r in trace.rounds}
+    matrix = np.full((len(rows), width), np.nan)
+    for i, s in enumerate(rows):
+        matrix[i, : len(s.attention)] = s.attention
+    offset = origin.get(segment[rows[0].round], 0)
+    names = [
+        f"r{s.round} d{s.depth} {pieces[p].strip() if (p := start[s.round] + s.depth - 1) < len(pieces) else '<eot>'}"
+        for s in rows
+    ]
+    figure = go.Figure(
+        go.Heatmap(
+            z=matrix,
+            x=(np.arange(width) + offset) * FRAME_SECONDS,
+            y=list(range(len(rows))),
+            colorscale="Viridis",
+            colorbar={"title": "attention"},
+            hovertemplate="%{x:.2f} s<br>attention %{z:.3f}<extra></extra>",
+        )
+    )
+    aligned = [(i, s.reference_frame * FRAME_SECONDS) for i, s in enumerate(rows) if s.reference_frame is not None]
+    if aligned:
+        figure.add_scatter(
+            x=[x for _, x in aligned],
+            y=[i for i, _ in aligned],
+            mode="markers",
+            name="forced alignment",
+            marker={"color": "white", "symbol": "diamond-open", "size": 7},
+        )
+    figure.update_yaxes(tickvals=list(range(len(rows))), ticktext=names, autorange="reversed")
+    figure.update_layout(xaxis_title="audio time (s)", height=max(320, 16 * len(rows) + 120))
+    return figure
+
+
+def survival_figure(survival: pd.DataFrame, by: str = "window") -> go.Figure:
+    """Survival s_k by draft depth, one line per `by` value (columns: by, depth, s)."""
+    figure = go.Figure()
+    for name, rows in survival.groupby(by, sort=False):
+        figure.add_scatter(x=rows.depth, y=rows.s, mode="lines+markers", name=str(name))
+    figure.update_layout(xaxis_title="draft depth k", yaxis_title="survival s_k", yaxis_range=[0, 1.02], height=360)
+    return figure
+
+
+def depth_figure(
+    table: pd.DataFrame, value: str, by: str, title: str, low: str | None = None, high: str | None = None
+) -> go.Figure:
+    """A per-depth quantity (anchor error, conditional acceptance) as one line per `by` value, with an interval band
+    where `low` and `high` columns are given."""
+    figure = go.Figure()
+    for name, rows in table.groupby(by, sort=False):
+        error = None
+        if low and high:
+            error = {
+                "type": "data",
+                "symmetric": False,
+                "array": rows[high] - rows[value],
+                "arrayminus": rows[value] - rows[low],
+            }
+        figure.add_scatter(x=rows.depth, y=rows[value], error_y=error, mode="lines+markers", name=str(name))
+    figure.update_layout(xaxis_title="draft depth k", yaxis_title=title, height=360)
+    return figure
+
+
+def cost_rule_figure(runtime: pd.DataFrame) -> go.Figure:
+    """The cost rule (paper eq. 5) per runtime-corrected cell: accepted work recovered, dL / (1 + L), against the
+    correction's cost, dC / (1 + K rho). Above the diagonal the rule predicts a gain; marker colour is the measured
+    sign of the decode speed change."""
+    recovered = runtime.gross
+    cost = runtime.cost / (1 + runtime.k * runtime.rho)
+    limit = float(np.nanmax(np.abs(np.concatenate([recovered, cost, [0.05]])))) * 1.2
+    figure = go.Figure()
+    figure.add_scatter(
+        x=[-limit, limit], y=[-limit, limit], mode="lines", name="break-even", line={"dash": "dash", "color": "#888"}
+    )
+    figure.add_scatter(
+        x=cost,
+        y=recovered,
+        mode="markers+text",
+        text=[f"{d} {w} K={k}" for d, w, k in zip(runtime.draft, runtime.window, runtime.k, strict=True)],
+        textposition="top center",
+        marker={"size": 12, "color": [ACCEPTED if paid else REJECTED for paid in runtime.measured_pays]},
+        name="cell (green: measured faster)",
+        customdata=np.stack([runtime.net_decode * 100, runtime.d_L], axis=-1),
+        hovertemplate="cost %{x:.3f}<br>recovered %{y:.3f}<br>measured decode change %{customdata[0]:+.1f}%"
+        "<br>dL %{customdata[1]:+.3f}<extra></extra>",
+    )
+    figure.update_layout(
+        xaxis_title="correction cost, dC / (1 + K rho)",
+        yaxis_title="accepted work recovered, dL / (1 + L)",
+        xaxis_range=[-limit, limit],
+        yaxis_range=[-limit, limit],
+        height=420,
+    )
+    return figure
