@@ -99,7 +99,9 @@ if result["speed"] is not None:
 
 st.subheader("Alignment drift")
 layers = max((len(v.verify_peaks) for v in trace.verified), default=1)
-runtime = trace.settings.runtime_layer or 0
+runtime = trace.settings.runtime_layer
+if runtime is None:
+    runtime = widgets.pipeline().target(trace.settings).runtime_layer
 layer = st.selectbox("Target layer for verification peaks", range(layers), index=min(runtime, layers - 1), key="layer")
 st.plotly_chart(drift_figure(trace, pieces, layer, result["audio"]), key="drift")
 st.caption(

@@ -36,7 +36,7 @@ chosen = st.multiselect("Stored runs", list(labels), default=list(labels)[:3], f
 profiles = []
 current = (st.session_state.get("decoded") or {}).get("trace")
 if current is not None and current.rounds:
-    profiles.append(depth_profile([current]).assign(series=f"current decode ({current.clip_id})"))
+    profiles.append(depth_profile([current]).assign(series="current decode"))
 for run_id in chosen:
     traces = [t for t in widgets.store().traces(run_id) if t.rounds]
     if traces:

@@ -14,6 +14,7 @@ from specasr.targets import FRAME_SECONDS
 from specasr.trace import Trace
 
 FRAME_MS = FRAME_SECONDS * 1000
+BELOW = {"orientation": "h", "y": -0.25}  # legends under the plot keep narrow columns readable
 ACCEPTED, REJECTED, VERIFIED, ALIGNED, WINDOW = "#2ca02c", "#d62728", "#1f77b4", "#222222", "rgba(128,128,128,0.35)"
 
 
@@ -86,7 +87,14 @@ def drift_figure(
             xs += [centre - half_width, centre + half_width, None]
             ys += [start[s.round] + s.depth - 1] * 2 + [None]
         figure.add_scatter(
-            x=xs, y=ys, mode="lines", name="draft window", line={"color": WINDOW, "width": 8}, hoverinfo="skip"
+            x=xs,
+            y=ys,
+            mode="lines",
+            name="draft window",
+            line={"color": WINDOW, "width": 8},
+            hoverinfo="skip",
+            row=2,
+            col=1,
         )
     for accepted, name, colour, symbol in ((True, "accepted", ACCEPTED, "circle"), (False, "rejected", REJECTED, "x")):
         chosen = [s for s in steps if s.accepted == accepted and s.draft_peak is not None]
@@ -111,6 +119,8 @@ def drift_figure(
             hovertemplate="token %{customdata[0]}<br>round %{customdata[1]}, depth %{customdata[2]}<br>"
             "draft peak %{customdata[3]:.0f} ms<br>alignment %{customdata[4]} ms<br>window centre %{customdata[5]} ms"
             "<extra></extra>",
+            row=2,
+            col=1,
         )
     verified = [v for v in trace.verified if layer < len(v.verify_peaks)]
     if verified:
@@ -123,6 +133,8 @@ def drift_figure(
             marker={"size": 5},
             customdata=[[label.get(v.position, v.position), v.verify_peaks[layer] * FRAME_MS] for v in verified],
             hovertemplate="token %{customdata[0]}<br>verification peak %{customdata[1]:.0f} ms<extra></extra>",
+            row=2,
+            col=1,
         )
     if trace.reference_frames:
         known = [(i, f) for i, f in enumerate(trace.reference_frames) if f is not None]
@@ -134,6 +146,8 @@ def drift_figure(
             marker={"color": ALIGNED, "symbol": "diamond-open", "size": 8},
             customdata=[[label.get(i, i), f * FRAME_MS] for i, f in known],
             hovertemplate="token %{customdata[0]}<br>forced alignment %{customdata[1]:.0f} ms<extra></extra>",
+            row=2,
+            col=1,
         )
     tick_step = max(1, len(pieces) // 40)
     figure.update_yaxes(
@@ -146,7 +160,9 @@ def drift_figure(
     )
     figure.update_yaxes(showticklabels=False, row=1, col=1)
     figure.update_xaxes(title_text="audio time (s)", row=2, col=1)
-    figure.update_layout(height=max(420, 14 * len(pieces) + 160), legend={"orientation": "h", "y": -0.08})
+    figure.update_layout(
+        height=max(420, 14 * len(pieces) + 160), legend={"orientation": "h", "y": 1.02, "yanchor": "bottom"}
+    )
     return figure
 
 
@@ -201,7 +217,9 @@ def survival_figure(survival: pd.DataFrame, by: str = "window") -> go.Figure:
     figure = go.Figure()
     for name, rows in survival.groupby(by, sort=False):
         figure.add_scatter(x=rows.depth, y=rows.s, mode="lines+markers", name=str(name))
-    figure.update_layout(xaxis_title="draft depth k", yaxis_title="survival s_k", yaxis_range=[0, 1.02], height=360)
+    figure.update_layout(
+        xaxis_title="draft depth k", yaxis_title="survival s_k", yaxis_range=[0, 1.02], height=420, legend=BELOW
+    )
     return figure
 
 
@@ -221,7 +239,7 @@ def depth_figure(
                 "arrayminus": rows[value] - rows[low],
             }
         figure.add_scatter(x=rows.depth, y=rows[value], error_y=error, mode="lines+markers", name=str(name))
-    figure.update_layout(xaxis_title="draft depth k", yaxis_title=title, height=360)
+    figure.update_layout(xaxis_title="draft depth k", yaxis_title=title, height=420, legend=BELOW)
     return figure
 
 

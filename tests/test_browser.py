@@ -1,0 +1,113 @@
+"""The dashboard in a real browser: Debian's chromium driven by playwright against `streamlit run app.py`.
+
+Uploads a clip, presses Run, waits for the drift plot, visits every page and saves a screenshot of each in
+$SPECASR_SCREENSHOTS (default cache/screenshots). Skips, saying why, where chromium or playwright is missing.
+"""
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from specasr.windows import WINDOWS
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = shutil.which("chromium")
+playwright = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None, reason="Debian's chromium is not installed (apt-get install chromium)"
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def server(tmp_path):
+    port = free_port()
+    env = os.environ | {"SPECASR_DB": str(tmp_path / "runs.duckdb")}
+    command = [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        "app.py",
+        "--server.headless",
+        "true",
+        "--server.port",
+        str(port),
+    ]
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/_stcore/health", timeout=2)
+            break
+        except OSError:
+            if time.monotonic() > deadline or process.poll() is not None:
+                process.kill()
+                pytest.fail("the dashboard did not start")
+            time.sleep(0.5)
+    yield url
+    process.terminate()
+    process.wait(timeout=30)
+
+
+def settle(page) -> None:
+    """Wait until the script run is over (Streamlit shows its running indicator until then)."""
+    page.wait_for_timeout(500)
+    page.wait_for_selector("[data-testid=stStatusWidget]", state="detached")
+
+
+def test_a_user_decodes_a_clip_and_visits_every_page(server, sample_clips):
+    shots = Path(os.environ.get("SPECASR_SCREENSHOTS", ROOT / "cache" / "screenshots"))
+    shots.mkdir(parents=True, exist_ok=True)
+    args = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking"]
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=args)
+        page = browser.new_page(viewport={"width": 1400, "height": 2400})
+        page.set_default_timeout(300_000)
+        page.goto(server)
+        page.get_by_text("Live decode", exact=True).first.wait_for()
+        page.get_by_text("upload", exact=True).click()
+        page.set_input_files("input[type=file]", str(sample_clips[0].path))
+        page.get_by_text(sample_clips[0].path.name[-9:]).wait_for()  # the uploader shortens long names
+        page.get_by_role("button", name="Run", exact=True).click()
+        page.get_by_text("L (accepted per round)").wait_for()
+        settle(page)
+        assert page.locator(".js-plotly-plot").count() >= 1
+        text = page.inner_text("body")
+        assert "judgment" in text and "Decode-phase speedup" in text and "Traceback" not in text
+        page.screenshot(path=str(shots / "live-decode.png"), full_page=True)
+
+        page.get_by_role("link", name="Windows").click()
+        page.get_by_role("button", name="Run every window").click()
+        page.get_by_text("Anchor error by depth").wait_for()
+        settle(page)
+        page.screenshot(path=str(shots / "windows.png"), full_page=True)
+
+        for name, expected in (
+            ("Drift", "Drift by draft depth"),
+            ("Checkpoints", "Compare"),
+            ("Cost rule", "Try a correction"),
+            ("Runs", "runs in"),
+        ):
+            page.get_by_role("link", name=name).click()
+            page.get_by_text(expected).first.wait_for()
+            settle(page)
+            assert "Traceback" not in page.inner_text("body")
+            page.screenshot(path=str(shots / f"{name.lower().replace(' ', '-')}.png"), full_page=True)
+        # the decode page kept its decode and both timed arms, the windows page one run per window
+        assert int(re.search(r"(\d+) runs in", page.inner_text("body")).group(1)) == 3 + len(WINDOWS)
+        browser.close()

@@ -1,0 +1,93 @@
+"""Figures and tables from hand-built traces, without Streamlit."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from specasr.trace import DraftStep, Round, Segment, Settings, Trace, VerifiedToken
+from specasr.views import (
+    attention_heatmap,
+    cost_rule_figure,
+    depth_figure,
+    drift_figure,
+    round_table,
+    survival_figure,
+    token_rows,
+)
+
+PIECES = [" The", " cat", " sat", "."]
+
+
+def trace(window: str = "correct", attention: bool = True) -> Trace:
+    """Tokens 0..3: token 0 from the prompt pass; round 0 proposed 2 (accepted 1: token 1) and the target gave token 2;
+    round 1 proposed 1, rejected, and the target gave token 3."""
+    rows = [0.1, 0.7, 0.2] if attention else None
+    centre = 10 if window != "unrestricted" else None
+    return Trace(
+        "clip",
+        Settings(draft="random", window=window, k=2),
+        [1, 2, 3, 4],
+        "The cat sat.",
+        segments=[Segment(0, 0, 3, 0, 4)],
+        reference_frames=[0, 1, 2, None],
+        rounds=[Round(0, 0, 1, [2, 9], 1, 3, 0.01, 0.02), Round(1, 0, 3, [8], 0, 4, 0.01, 0.02)],
+        steps=[
+            DraftStep(0, 1, 2, True, 1, centre, 1, rows),
+            DraftStep(0, 2, 9, False, 2, centre, 2, rows),
+            DraftStep(1, 1, 8, False, 0, centre, None, rows),
+        ],
+        verified=[VerifiedToken(i, t, [i, i + 1]) for i, t in enumerate([1, 2, 3, 4])],
+    )
+
+
+def test_token_rows_mark_draft_and_target_tokens():
+    rows = token_rows(trace(), PIECES)
+    assert rows.source.tolist() == ["target", "draft", "target", "target"]
+    assert rows["round"].tolist() == [None, 0, 0, 1]
+    assert rows.reference_ms.tolist()[:3] == [0, 20, 40] and rows.reference_ms.isna().tolist()[3]
+    assert rows.verify_peaks_ms[1] == [20, 40]
+
+
+def test_round_table_names_proposals_and_costs():
+    table = round_table(trace(), lambda tokens: f"<{tokens[0]}>")
+    assert table.proposed.tolist() == ["<2> | <9>", "<8>"]
+    assert table.accepted.tolist() == [1, 0] and table["target token"].tolist() == ["<3>", "<4>"]
+    assert table["verify ms"].tolist() == pytest.approx([20, 20])
+
+
+def test_drift_figure_puts_every_position_on_the_time_axis():
+    figure = drift_figure(trace(), PIECES, layer=1, audio=np.ones(16000, dtype=np.float32))
+    by_name = {t.name: t for t in figure.data}
+    accepted, rejected = by_name["draft peak, proposal accepted"], by_name["draft peak, proposal rejected"]
+    assert list(accepted.x) == [0.02] and list(accepted.y) == [1]  # round 0 depth 1 predicts token 1
+    assert list(rejected.x) == [0.04, 0.0] and list(rejected.y) == [2, 3]
+    assert list(by_name["target verification peak (layer 1)"].x) == pytest.approx([0.02, 0.04, 0.06, 0.08])
+    assert list(by_name["forced alignment"].y) == [0, 1, 2]  # the last token has no frame
+    window = by_name["draft window"]
+    assert list(window.x[:2]) == pytest.approx([0.2 - 0.4, 0.2 + 0.4])  # centre 10 frames, +-400 ms
+    assert "waveform" in by_name and by_name["waveform"].yaxis in (None, "y")
+    assert {t.yaxis for name, t in by_name.items() if name != "waveform"} == {"y2"}  # below the waveform
+    unrestricted = {t.name for t in drift_figure(trace("unrestricted"), PIECES, layer=0).data}
+    assert "draft window" not in unrestricted and "waveform" not in unrestricted
+
+
+def test_heatmap_needs_kept_rows():
+    figure = attention_heatmap(trace(), PIECES)
+    assert np.asarray(figure.data[0].z).shape == (3, 3)
+    assert list(figure.layout.yaxis.ticktext) == ["r0 d1 cat", "r0 d2 sat", "r1 d1 ."]
+    with pytest.raises(ValueError, match="kept no attention"):
+        attention_heatmap(trace(attention=False), PIECES)
+
+
+def test_survival_depth_and_cost_rule_figures():
+    survival = pd.DataFrame({"window": ["a", "a", "b", "b"], "depth": [0, 1, 0, 1], "s": [1, 0.5, 1, 0.2]})
+    assert [t.name for t in survival_figure(survival).data] == ["a", "b"]
+    table = pd.DataFrame({"run": ["x", "x"], "depth": [1, 2], "e": [10.0, 20.0], "lo": [5.0, 15.0], "hi": [12.0, 30.0]})
+    line = depth_figure(table, "e", "run", "error", "lo", "hi").data[0]
+    assert list(line.error_y.array) == [2, 10] and list(line.error_y.arrayminus) == [5, 5]
+    runtime = pd.DataFrame(
+        {"draft": ["d"], "window": ["runtime"], "k": [4], "gross": [0.1], "cost": [0.2], "rho": [0.25],
+         "measured_pays": [True], "net_decode": [0.05], "d_L": [0.2]}
+    )  # fmt: skip
+    point = cost_rule_figure(runtime).data[1]
+    assert list(point.x) == pytest.approx([0.1]) and list(point.y) == pytest.approx([0.1])  # 0.2 / (1 + 4 * 0.25)
