@@ -1,6 +1,7 @@
 """Streamlit pieces the dashboard's pages share: the one pipeline and store, the settings sidebar, the clip input,
 and error reporting. Pages call specasr and views; nothing here decodes on its own."""
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import soundfile
@@ -14,7 +15,7 @@ from specasr.draft import DraftMismatchError, shipped_drafts
 from specasr.pipeline import Pipeline
 from specasr.store import Store, StoreError
 from specasr.targets import BUILTIN_TARGETS, DTYPES, TargetUnavailableError
-from specasr.trace import Settings, Trace
+from specasr.trace import Round, Settings, Trace
 from specasr.tts import synthesize_espeak
 from specasr.windows import REFERENCE_WINDOWS, WINDOWS
 
@@ -105,15 +106,28 @@ def clip_input(key: str) -> Clip | None:
         return None
 
 
-def decode_with_reference(clip: Clip, settings: Settings) -> tuple[Trace, str | None]:
+def decode_with_reference(
+    clip: Clip, settings: Settings, on_round: Callable[[Round], None] | None = None
+) -> tuple[Trace, str | None]:
     """Decode with reference frames where the aligner can place the words; where it cannot, decode without them
     (unless the window needs them: then AlignmentError) and say why."""
     try:
-        return pipeline().decode(clip, replace(settings, reference="always")), None
+        return pipeline().decode(clip, replace(settings, reference="always"), on_round), None
     except AlignmentError as error:
         if settings.window in REFERENCE_WINDOWS:
             raise AlignmentError(f"the {settings.window} window needs reference frames: {error}") from error
-        return pipeline().decode(clip, replace(settings, reference="never")), f"no reference frames: {error}"
+        trace = pipeline().decode(clip, replace(settings, reference="never"), on_round)
+        return trace, f"no reference frames: {error}"
+
+
+def round_progress(placeholder) -> Callable[[Round], None]:
+    """A progress line that follows the rounds of a decode."""
+
+    def report(round: Round) -> None:
+        accepted = f"{round.accepted} of {len(round.proposed)} proposals accepted"
+        placeholder.write(f"round {round.index + 1}: {accepted}, {round.start + round.accepted + 1} tokens so far")
+
+    return report
 
 
 def report(error: Exception) -> None:

@@ -24,7 +24,8 @@ def run(clip, settings, repeats: int) -> dict | None:
     with st.status("Decoding…", expanded=True) as status:
         status.write("Speculative decode, keeping the draft's attention rows and aligning the transcript")
         try:
-            trace, problem = widgets.decode_with_reference(clip, replace(settings, keep_attention=True))
+            progress = widgets.round_progress(st.empty())
+            trace, problem = widgets.decode_with_reference(clip, replace(settings, keep_attention=True), progress)
             if problem:
                 st.warning(f"{problem}; the other positions are still shown.")
             status.write(f"Timing greedy against speculative: {repeats} warm repetitions each, interleaved")

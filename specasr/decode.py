@@ -7,6 +7,7 @@ times the phases (`PhaseTimer`).
 """
 
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -122,13 +123,16 @@ def speculative(
     settings: Settings,
     reference: list[int | None] | None = None,
     origin: Origin = Origin(),
+    on_round: Callable[[Round], None] | None = None,
 ) -> Decoded:
     """The speculative loop for one segment (batch 1): the greedy transcript tokens and the rows of every round.
 
     reference: the segment's own frame for each of its transcript tokens, for the windows centred from them.
+    on_round: called with every round as it ends (progress reports; its time counts in the decode phase).
     """
     with torch.inference_mode():
-        return _SpeculativeLoop(target, draft, memory, valid_frames, settings, reference, origin).run()
+        loop = _SpeculativeLoop(target, draft, memory, valid_frames, settings, reference, origin)
+        return loop.run(on_round)
 
 
 def accepted_length(proposed: list[int], choices: list[int], eot: int) -> int:
@@ -182,7 +186,7 @@ class _SpeculativeLoop:
                 if t != self.target.eot
             ]
 
-    def run(self) -> Decoded:
+    def run(self, on_round: Callable[[Round], None] | None = None) -> Decoded:
         target, prompt = self.target, self.target.prompt
         out = self._verify(torch.tensor([prompt], device=self.device))
         first = target.greedy_tokens(out.logits[:, -1:], 0).item()
@@ -194,6 +198,8 @@ class _SpeculativeLoop:
         features, inputs = out.hidden, torch.tensor([[*prompt[1:], first]], device=self.device)
         while len(prompt) + len(self.tokens) < target.max_length:
             done, features, inputs = self._round(features, inputs)
+            if on_round is not None:
+                on_round(self.result.rounds[-1])
             if done:
                 break
         return self.result

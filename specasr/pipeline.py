@@ -6,6 +6,7 @@ loop -> one complete trace. Targets, drafts, aligners and reference frames are k
 """
 
 import json
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,7 +18,7 @@ from specasr.audio import SAMPLE_RATE, AudioTooLongError, Clip, split_windows
 from specasr.decode import Origin, PhaseTimer, greedy, speculative
 from specasr.draft import Draft, resolve_draft
 from specasr.targets import DTYPES, WhisperTarget, load_target
-from specasr.trace import REFERENCE_SOURCES, Segment, Settings, Trace, code_version
+from specasr.trace import REFERENCE_SOURCES, Round, Segment, Settings, Trace, code_version
 from specasr.windows import RUNTIME_WINDOWS
 
 if TYPE_CHECKING:
@@ -67,8 +68,11 @@ class Pipeline:
             layer = self.target(settings).runtime_layer
         return replace(settings, draft_dtype=settings.draft_dtype or settings.dtype, runtime_layer=layer)
 
-    def decode(self, clip: Clip, settings: Settings) -> Trace:
-        """Transcribe `clip` under `settings`, timed from the waveform, and return its complete trace."""
+    def decode(self, clip: Clip, settings: Settings, on_round: Callable[[Round], None] | None = None) -> Trace:
+        """Transcribe `clip` under `settings`, timed from the waveform, and return its complete trace.
+
+        on_round: called with every speculative round as it ends (a progress report; its time counts as decode).
+        """
         settings = self.resolved(settings)
         if clip.seconds > settings.max_seconds:
             raise AudioTooLongError(
@@ -98,7 +102,7 @@ class Pipeline:
                     result = greedy(target, memory, valid_frames, settings.verify_peaks, origin)
                 else:
                     frames = reference.window_frames(index, origin.frame) if reference else None
-                    result = speculative(target, draft, memory, valid_frames, settings, frames, origin)
+                    result = speculative(target, draft, memory, valid_frames, settings, frames, origin, on_round)
             segments.append(Segment(index, origin.frame, valid_frames, len(tokens), len(result.tokens)))
             tokens += result.tokens
             rounds += result.rounds

@@ -153,3 +153,9 @@ def test_settings_and_clips_that_cannot_be_decoded_are_clear_errors(pipeline, sa
     frames.write_text('{"not": "a list"}')
     with pytest.raises(ValueError, match="JSON list of frame numbers"):
         pipeline.decode(clip, Settings(draft="random", window="correct", reference=str(frames)))
+
+
+def test_a_decode_reports_each_round_as_it_ends(pipeline, sample_clips):
+    seen = []
+    trace = pipeline.decode(sample_clips[0].clip(), Settings(draft="random", k=2, verify_peaks=False), seen.append)
+    assert seen == trace.rounds and len(seen) > 1
