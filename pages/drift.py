@@ -31,7 +31,9 @@ for column, chosen in (("target", targets), ("window", windows), ("draft_name", 
 labels = {
     r.run_id: f"{r.run_id} {r.draft_name} {r.window} K={r.k} ({r.clips} clips, {r.command})" for r in runs.itertuples()
 }
-chosen = st.multiselect("Stored runs", list(labels), default=list(labels)[:3], format_func=labels.get, key="drift_runs")
+opened = st.query_params.get("run")
+default = [opened] if opened in labels else list(labels)[:3]
+chosen = st.multiselect("Stored runs", list(labels), default=default, format_func=labels.get, key="drift_runs")
 
 profiles = []
 current = (st.session_state.get("decoded") or {}).get("trace")

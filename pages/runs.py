@@ -41,8 +41,10 @@ if runs.empty:
     st.stop()
 
 run_id = st.selectbox("Open a run", runs.run_id.tolist(), key="runs_open")
-st.page_link("pages/decode.py", label=f"Show run {run_id} on Live decode", query_params={"run": run_id})
-st.caption(f"Shareable: add ?run={run_id} to the Live decode page's address.")
+left, right = st.columns(2)
+left.page_link("pages/decode.py", label=f"Show run {run_id} on Live decode", query_params={"run": run_id})
+right.page_link("pages/drift.py", label=f"Show run {run_id} on Drift", query_params={"run": run_id})
+st.caption(f"Shareable: add ?run={run_id} to the Live decode or Drift page's address.")
 
 
 def parquet_zip(run_id: str) -> bytes:
