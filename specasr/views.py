@@ -110,14 +110,14 @@ def drift_figure(
                     label.get(p, p),
                     s.round,
                     s.depth,
-                    s.draft_peak * FRAME_MS,
+                    _ms(s.draft_peak),
                     _ms(s.reference_frame),
                     _ms(s.window_centre),
                 ]
                 for p, s in zip(positions, chosen, strict=True)
             ],
             hovertemplate="token %{customdata[0]}<br>round %{customdata[1]}, depth %{customdata[2]}<br>"
-            "draft peak %{customdata[3]:.0f} ms<br>alignment %{customdata[4]} ms<br>window centre %{customdata[5]} ms"
+            "draft peak %{customdata[3]}<br>alignment %{customdata[4]}<br>window centre %{customdata[5]}"
             "<extra></extra>",
             row=2,
             col=1,
@@ -131,8 +131,8 @@ def drift_figure(
             name=f"target verification peak (layer {layer})",
             line={"color": VERIFIED, "width": 1},
             marker={"size": 5},
-            customdata=[[label.get(v.position, v.position), v.verify_peaks[layer] * FRAME_MS] for v in verified],
-            hovertemplate="token %{customdata[0]}<br>verification peak %{customdata[1]:.0f} ms<extra></extra>",
+            customdata=[[label.get(v.position, v.position), _ms(v.verify_peaks[layer])] for v in verified],
+            hovertemplate="token %{customdata[0]}<br>verification peak %{customdata[1]}<extra></extra>",
             row=2,
             col=1,
         )
@@ -144,8 +144,8 @@ def drift_figure(
             mode="markers",
             name="forced alignment",
             marker={"color": ALIGNED, "symbol": "diamond-open", "size": 8},
-            customdata=[[label.get(i, i), f * FRAME_MS] for i, f in known],
-            hovertemplate="token %{customdata[0]}<br>forced alignment %{customdata[1]:.0f} ms<extra></extra>",
+            customdata=[[label.get(i, i), _ms(f)] for i, f in known],
+            hovertemplate="token %{customdata[0]}<br>forced alignment %{customdata[1]}<extra></extra>",
             row=2,
             col=1,
         )
@@ -167,7 +167,8 @@ def drift_figure(
 
 
 def _ms(frame: int | None) -> str:
-    return "-" if frame is None else f"{frame * FRAME_MS:.0f}"
+    """A clip frame for a hover: milliseconds, and the frame itself."""
+    return "-" if frame is None else f"{frame * FRAME_MS:.0f} ms (frame {frame})"
 
 
 def attention_heatmap(trace: Trace, pieces: list[str]) -> go.Figure:
