@@ -215,6 +215,10 @@ def test_bootstrap_interval_of_a_known_case():
     assert (pooled.estimate, pooled.low, pooled.high) == (0.5, 0.0, 1.0)
     with pytest.raises(ValueError, match="undefined"):
         pooled_bootstrap(lambda sums: sums["x"] / 0, [{"x": np.array([0.0, 1.0])}], draws=100)
+    # Sets weighted equally: set A (0, 1) resamples to a mean of 0, 0.5 or 1; set B (2) is always 2.
+    columns = {"x": np.array([0.0, 1.0, 2.0]), "n": np.ones(3)}
+    sets = pooled_bootstrap(lambda sums: sums["x"] / sums["n"], [columns], draws=4000, seed=0, strata=["A", "A", "B"])
+    assert (sets.estimate, sets.low, sets.high) == (1.25, 1.0, 1.5)
 
 
 def test_a_grid_runs_once_and_resumes_without_duplicates(sample_clips, tmp_path):
