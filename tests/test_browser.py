@@ -86,7 +86,7 @@ def test_a_user_decodes_a_clip_and_visits_every_page(server, sample_clips):
         page.get_by_role("button", name="Run", exact=True).click()
         page.get_by_text("L (accepted per round)").wait_for()
         settle(page)
-        assert page.locator(".js-plotly-plot").count() >= 1
+        page.locator(".js-plotly-plot").first.wait_for()
         text = page.inner_text("body")
         assert "judgment" in text and "Decode-phase speedup" in text and "Traceback" not in text
         page.screenshot(path=str(shots / "live-decode.png"), full_page=True)
@@ -95,6 +95,7 @@ def test_a_user_decodes_a_clip_and_visits_every_page(server, sample_clips):
         page.get_by_role("button", name="Run every window").click()
         page.get_by_text("Anchor error by depth").wait_for()
         settle(page)
+        page.locator(".js-plotly-plot").nth(1).wait_for()
         page.screenshot(path=str(shots / "windows.png"), full_page=True)
 
         for name, expected in (
