@@ -354,6 +354,15 @@ def _partners(cells: dict[Settings, list[ClipResult]], pairs: tuple[tuple[str, s
                     yield a, b, settings_a, settings_b
 
 
+def _with_audio(cells: dict[Settings, list[ClipResult]]) -> dict[Settings, list[ClipResult]]:
+    """The cells whose draft attends to the audio: a window changes nothing for the others."""
+    return {s: results for s, results in cells.items() if _attends(results)}
+
+
+def _attends(results: list[ClipResult]) -> bool:
+    return any(step.draft_peak is not None for r in results for step in r.trace.steps)
+
+
 def _label(settings: Settings, key: str) -> str:
     return draft_label(settings.draft) if key == "draft" else getattr(settings, key)
 
@@ -363,7 +372,7 @@ def contrasts(cells: dict[Settings, list[ClipResult]]) -> list[Contrast]:
     equal draft, K and threshold, and drafts (audio vs no-audio, Tables 1 and 6; AnchorDraft vs control, Table 3)
     at equal window, K and threshold."""
     found = []
-    for a, b, settings_a, settings_b in _partners(cells, WINDOW_CONTRASTS, "window"):
+    for a, b, settings_a, settings_b in _partners(_with_audio(cells), WINDOW_CONTRASTS, "window"):
         fixed = f"{draft_label(settings_b.draft)} {_k_threshold(settings_b)}"
         found += [contrast(f"{b}-{a}", fixed, m, cells[settings_a], cells[settings_b]) for m in ("a1", "a2c", "L")]
     for a, b, settings_a, settings_b in _partners(cells, DRAFT_CONTRASTS, "draft"):
@@ -389,7 +398,7 @@ def peak_table(peaks: list[Trace], cells: dict[Settings, list[ClipResult]], half
         track = [[p.get(i) for i in range(len(f))] for p, f in zip(by_position, frames, strict=True)]
         rows.append(peak_agreement(f"target layer {layer} verification", track, frames, half_width, FRAME_MS))
     for settings, results in cells.items():
-        if settings.window == "unrestricted" and any(s.draft_peak is not None for r in results for s in r.trace.steps):
+        if settings.window == "unrestricted" and _attends(results):
             restarts = [[s for s in r.trace.steps if s.depth == 1] for r in results]
             rows.append(
                 peak_agreement(
@@ -435,9 +444,8 @@ def runtime_table(cells: dict[Settings, list[ClipResult]]) -> pd.DataFrame:
     predicts a gain when dL / (1 + L) > cost / (1 + K rho); net: the measured change in decode and end-to-end speed.
     """
     rows = []
-    for _, window, settings_a, settings_b in _partners(
-        cells, tuple((RUNTIME_BASE, w) for w in RUNTIME_WINDOWS), "window"
-    ):
+    pairs = tuple((RUNTIME_BASE, window) for window in RUNTIME_WINDOWS)
+    for _, window, settings_a, settings_b in _partners(_with_audio(cells), pairs, "window"):
         base, corrected = _shared(cells[settings_a], cells[settings_b])
         base_columns, corrected_columns = clip_columns(base), clip_columns(corrected)
         L = pooled_estimate(METRICS["L"], [base_columns])

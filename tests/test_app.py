@@ -104,13 +104,21 @@ def test_checkpoints_page_compares_two_drafts():
     assert set(differences.name) == {"random-anchordraft"} and {"a1", "L"} <= set(differences.metric)
 
 
-def test_runs_page_lists_a_stored_run_and_opens_it(sample_clips):
+@pytest.fixture
+def stored_run() -> str:
+    """A speculative run of two hand-built traces in the session's store."""
+    draft = replace(BASE, draft="random", reference="always")
+    traces = [hand_trace(draft, c, [2, 0, 1], 1.0, steps=restarts([2, 0, 1], [0, 3, 30])) for c in "uv"]
+    return Store().write_run(traces, "decode")
+
+
+def test_runs_page_lists_a_stored_run_and_opens_it(stored_run):
     app = page("runs")
     assert not app.exception and not app.error
     listed = frame_with(app, "run_id", "command", "draft_steps")
     assert len(listed) == len(Store().runs()) >= 1
     run_id = listed.run_id.iloc[0]
-    assert any(run_id in c.value for c in app.caption)
+    assert run_id == stored_run and any(run_id in c.value for c in app.caption)
 
     opened = AppTest.from_file(APP, default_timeout=120)
     opened.query_params["run"] = run_id
@@ -119,7 +127,7 @@ def test_runs_page_lists_a_stored_run_and_opens_it(sample_clips):
     assert any(run_id in c.value for c in opened.caption)
 
 
-def test_drift_page_draws_stored_runs(sample_clips):
+def test_drift_page_draws_stored_runs(stored_run):
     app = page("drift")
     assert not app.exception and not app.error
     assert "drift_acceptance" in figures(app)

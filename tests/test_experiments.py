@@ -195,7 +195,11 @@ def test_window_contrasts_pair_cells_that_differ_only_in_window(hand_grid):
     control = next(s for s in runs.cells if s.draft == "control")
     shifted = replace(control, window="shift")
     runs.cells[shifted] = store.write_run(
-        [hand_trace(shifted, "u", [0, 1, 0], 1.5), hand_trace(shifted, "v", [1], 1.0)], COMMAND
+        [
+            hand_trace(shifted, "u", [0, 1, 0], 1.5, steps=restarts([0, 1, 0], [25, 25, 25])),
+            hand_trace(shifted, "v", [1], 1.0, steps=restarts([1], [25])),
+        ],
+        COMMAND,
     )
     greedy = store.traces(runs.baseline)
     results = {settings: clip_results(greedy, store.traces(run_id)) for settings, run_id in runs.cells.items()}
@@ -203,6 +207,10 @@ def test_window_contrasts_pair_cells_that_differ_only_in_window(hand_grid):
     assert found["unrestricted-shift", "L"].estimate == pytest.approx(7 / 3 - 2 / 4)
     assert found["unrestricted-shift", "L"].fixed == "control K=4 threshold=0"
     assert ("correct-shift", "L") not in found  # no correct cell
+    no_audio = next(s for s in runs.cells if s.draft == "no-audio")
+    runs.cells[replace(no_audio, window="shift")] = runs.cells[no_audio]
+    results = {settings: clip_results(greedy, store.traces(run_id)) for settings, run_id in runs.cells.items()}
+    assert all("no-audio" not in c.fixed for c in contrasts(results))  # a window changes nothing without audio
 
 
 def test_bootstrap_interval_of_a_known_case():
