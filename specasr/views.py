@@ -96,6 +96,7 @@ def drift_figure(
             row=2,
             col=1,
         )
+    verification = {v.position: v.verify_peaks[layer] for v in trace.verified if layer < len(v.verify_peaks)}
     for accepted, name, colour, symbol in ((True, "accepted", ACCEPTED, "circle"), (False, "rejected", REJECTED, "x")):
         chosen = [s for s in steps if s.accepted == accepted and s.draft_peak is not None]
         positions = [start[s.round] + s.depth - 1 for s in chosen]
@@ -111,13 +112,15 @@ def drift_figure(
                     s.round,
                     s.depth,
                     _ms(s.draft_peak),
+                    _ms(verification.get(p)),
                     _ms(s.reference_frame),
                     _ms(s.window_centre),
                 ]
                 for p, s in zip(positions, chosen, strict=True)
             ],
             hovertemplate="token %{customdata[0]}<br>round %{customdata[1]}, depth %{customdata[2]}<br>"
-            "draft peak %{customdata[3]}<br>alignment %{customdata[4]}<br>window centre %{customdata[5]}"
+            "draft peak %{customdata[3]}<br>verification peak %{customdata[4]}<br>alignment %{customdata[5]}"
+            "<br>window centre %{customdata[6]}"
             "<extra></extra>",
             row=2,
             col=1,

@@ -61,6 +61,16 @@ def test_drift_figure_puts_every_position_on_the_time_axis():
     accepted, rejected = by_name["draft peak, proposal accepted"], by_name["draft peak, proposal rejected"]
     assert list(accepted.x) == [0.02] and list(accepted.y) == [1]  # round 0 depth 1 predicts token 1
     assert list(rejected.x) == [0.04, 0.0] and list(rejected.y) == [2, 3]
+    # the hover names token, round, depth and the draft, verification and alignment positions
+    assert list(accepted.customdata[0]) == [
+        "1:  cat",
+        0,
+        1,
+        "20 ms (frame 1)",
+        "40 ms (frame 2)",
+        "20 ms (frame 1)",
+        "200 ms (frame 10)",
+    ]
     assert list(by_name["target verification peak (layer 1)"].x) == pytest.approx([0.02, 0.04, 0.06, 0.08])
     assert list(by_name["forced alignment"].y) == [0, 1, 2]  # the last token has no frame
     window = by_name["draft window"]
