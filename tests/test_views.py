@@ -63,7 +63,7 @@ def test_drift_figure_puts_every_position_on_the_time_axis():
     assert list(rejected.x) == [0.04, 0.0] and list(rejected.y) == [2, 3]
     # the hover names token, round, depth and the draft, verification and alignment positions
     assert list(accepted.customdata[0]) == [
-        "1:  cat",
+        "1: cat",
         0,
         1,
         "20 ms (frame 1)",
