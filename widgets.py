@@ -1,5 +1,5 @@
 """Streamlit pieces the dashboard's pages share: the one pipeline and store, the settings sidebar, the clip input,
-and error reporting. Pages call specasr and views; nothing here decodes on its own."""
+decoding with reference frames where the aligner can make them, progress and error reporting. No model logic."""
 
 from collections.abc import Callable
 from dataclasses import replace
