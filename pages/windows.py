@@ -8,7 +8,7 @@ import streamlit as st
 import widgets
 from specasr.align import AlignmentError
 from specasr.metrics import acceptance, anchor_error_by_depth
-from specasr.targets import FRAME_SECONDS
+from specasr.targets import FRAME_MS
 from specasr.views import depth_figure, survival_figure
 from specasr.windows import WINDOWS
 
@@ -76,7 +76,7 @@ errors = pd.concat(
 )
 right.subheader("Anchor error by depth")
 if len(errors):
-    errors["median_ms"] = errors["median"] * FRAME_SECONDS * 1000
+    errors["median_ms"] = errors["median"] * FRAME_MS
     right.plotly_chart(depth_figure(errors, "median_ms", "window", "median |draft peak - alignment| (ms)"), key="error")
 else:
     right.info("No anchor errors: the draft has no audio attention, or no token got a reference frame.")

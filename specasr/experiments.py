@@ -39,7 +39,7 @@ from specasr.metrics import (
 )
 from specasr.pipeline import Pipeline
 from specasr.store import Store
-from specasr.targets import FRAME_SECONDS
+from specasr.targets import FRAME_MS
 from specasr.trace import Settings, Trace
 from specasr.windows import RUNTIME_WINDOWS
 
@@ -61,7 +61,6 @@ WINDOW_CONTRASTS = (  # (a, b): b - a
 )
 RUNTIME_BASE = "unrestricted"  # the uncorrected loop a runtime window is compared with (Table 16)
 LARGE_ERROR_MS = 200.0
-FRAME_MS = FRAME_SECONDS * 1000
 DRAFT_CONTRASTS = (("no-audio", "control"), ("no-audio", "anchordraft"), ("control", "anchordraft"))
 
 
@@ -396,7 +395,7 @@ def peak_table(peaks: list[Trace], cells: dict[Settings, list[ClipResult]], half
     for layer in range(layers):
         by_position = [{v.position: v.verify_peaks[layer] for v in t.verified} for t in peaks]
         track = [[p.get(i) for i in range(len(f))] for p, f in zip(by_position, frames, strict=True)]
-        rows.append(peak_agreement(f"target layer {layer} verification", track, frames, half_width, FRAME_MS))
+        rows.append(peak_agreement(f"target layer {layer} verification", track, frames, half_width))
     for settings, results in cells.items():
         if settings.window == "unrestricted" and _attends(results):
             restarts = [[s for s in r.trace.steps if s.depth == 1] for r in results]
@@ -406,7 +405,6 @@ def peak_table(peaks: list[Trace], cells: dict[Settings, list[ClipResult]], half
                     [[s.draft_peak for s in steps] for steps in restarts],
                     [[s.reference_frame for s in steps] for steps in restarts],
                     half_width,
-                    FRAME_MS,
                 )
             )
     table = pd.DataFrame([asdict(row) for row in rows], columns=list(PeakAgreement.__dataclass_fields__))
@@ -505,7 +503,7 @@ def tables(store: Store, runs: GridRuns, sets: dict[str, str] | None = None) -> 
     greedy = store.traces(runs.baseline)
     results = {settings: clip_results(greedy, store.traces(run_id), sets) for settings, run_id in runs.cells.items()}
     cells = pd.DataFrame([asdict(cell(settings, runs.cells[settings], rows)) for settings, rows in results.items()])
-    half_width = next(iter(runs.cells)).half_width_ms if runs.cells else 400.0
+    half_width = next(iter(runs.cells), Settings()).half_width_ms
     return Tables(
         cells=cells,
         contrasts=pd.DataFrame([asdict(c) for c in contrasts(results)], columns=list(Contrast.__dataclass_fields__)),

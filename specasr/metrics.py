@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 from transformers.models.whisper.english_normalizer import EnglishTextNormalizer
 
+from specasr.targets import FRAME_MS
 from specasr.trace import Trace
 
 
@@ -304,7 +305,7 @@ def peak_agreement(
     peaks: list[list[int | None]],
     frames: list[list[int | None]],
     half_width: int,
-    frame_ms: float = 20.0,
+    frame_ms: float = FRAME_MS,
     seed: int = 0,
 ) -> PeakAgreement:
     """peaks[u][i]: the attention peak for token i of utterance u; frames[u][i]: its reference frame."""
@@ -393,7 +394,7 @@ def outcome_error(errors_ms: Sequence[float], accepted: Sequence[bool], large_ms
     )
 
 
-def depth_profile(traces: list[Trace], draws: int = 1000, seed: int = 0, frame_ms: float = 20.0) -> pd.DataFrame:
+def depth_profile(traces: list[Trace], draws: int = 1000, seed: int = 0, frame_ms: float = FRAME_MS) -> pd.DataFrame:
     """Per draft depth: restart-to-late anchor error (median |draft peak - reference frame|, ms) and conditional
     acceptance a_k^c, each with a 95% interval from resampling the traces (clips); a single trace has no spread."""
     k_max = max((t.settings.k for t in traces), default=0)

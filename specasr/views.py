@@ -10,10 +10,9 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from specasr.targets import FRAME_SECONDS
+from specasr.targets import FRAME_MS, FRAME_SECONDS
 from specasr.trace import Trace
 
-FRAME_MS = FRAME_SECONDS * 1000
 BELOW = {"orientation": "h", "y": -0.25}  # legends under the plot keep narrow columns readable
 ACCEPTED, REJECTED, VERIFIED, ALIGNED, WINDOW = "#2ca02c", "#d62728", "#1f77b4", "#222222", "rgba(128,128,128,0.35)"
 

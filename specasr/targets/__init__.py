@@ -6,13 +6,14 @@ import torch
 from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration, WhisperTokenizer
 
 from specasr.targets.builtin import BUILTIN_TARGETS, TargetUnavailableError, builtin_model_dir
-from specasr.targets.whisper import FRAME_SECONDS, DecoderOutput, KVCache, WhisperTarget
+from specasr.targets.whisper import FRAME_MS, FRAME_SECONDS, DecoderOutput, KVCache, WhisperTarget
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 __all__ = [
     "BUILTIN_TARGETS",
     "DTYPES",
+    "FRAME_MS",
     "FRAME_SECONDS",
     "DecoderOutput",
     "KVCache",

@@ -19,6 +19,7 @@ HOP_LENGTH = 160  # samples per mel frame
 ENCODER_STRIDE = 2  # mel frames per encoder frame
 SAMPLES_PER_FRAME = HOP_LENGTH * ENCODER_STRIDE
 FRAME_SECONDS = SAMPLES_PER_FRAME / SAMPLE_RATE  # 20 ms per encoder frame
+FRAME_MS = FRAME_SECONDS * 1000
 WINDOW_FRAMES = 1500  # encoder frames in one 30 s window
 
 
