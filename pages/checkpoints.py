@@ -79,12 +79,8 @@ with tab_run:
         st.dataframe(cells.drop(columns=["s"]), hide_index=True, key="checkpoint_cells")
         arms = result["arms"]
         (first, baseline), *others = arms.items()
-        differences = [
-            c
-            for name, arm in others
-            for metric in ("a1", "a2c", "L", "decode_speedup", "total_speedup")
-            if (c := contrast(f"{name}-{first}", "", metric, baseline, arm)) is not None
-        ]
+        metrics = ("a1", "a2c", "L", "decode_speedup", "total_speedup")
+        differences = [c for name, arm in others for c in contrast(f"{name}-{first}", "", metrics, baseline, arm)]
         st.subheader(f"Differences from {first} (paired bootstrap, 95%)")
         st.dataframe(pd.DataFrame(differences).drop(columns="fixed"), hide_index=True, key="checkpoint_differences")
         profiles = [depth_profile([r.trace for r in arm]).assign(draft=name) for name, arm in arms.items()]

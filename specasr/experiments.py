@@ -15,7 +15,7 @@ with all its repetitions.
 """
 
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import PurePath
 
@@ -254,15 +254,21 @@ METRICS: dict[str, Callable[[dict[str, np.ndarray]], np.ndarray]] = {
 }
 
 
-def _interval(statistic: Callable[..., np.ndarray], arms: list[list[ClipResult]], draws: int = DRAWS) -> Interval:
-    """pooled_bootstrap over the arms' clip columns, strata = evaluation sets (the first arm's)."""
-    columns = [clip_columns(arm) for arm in arms]
-    return pooled_bootstrap(statistic, columns, draws, SEED, strata=[r.subset for r in arms[0]])
+Columns = tuple[list[dict[str, np.ndarray]], list[str]]  # each arm's clip columns, and each clip's evaluation set
 
 
-def _estimate(metric: Callable[..., np.ndarray], results: list[ClipResult]) -> float | None:
+def _columns(*arms: list[ClipResult]) -> Columns:
+    """The arms' clip columns, built once for every metric taken of them (the arms hold the same clips)."""
+    return [clip_columns(arm) for arm in arms], [r.subset for r in arms[0]]
+
+
+def _interval(statistic: Callable[..., np.ndarray], columns: Columns) -> Interval:
+    return pooled_bootstrap(statistic, columns[0], DRAWS, SEED, strata=columns[1])
+
+
+def _estimate(metric: Callable[..., np.ndarray], columns: Columns) -> float | None:
     try:
-        return _interval(metric, [results], draws=0).estimate
+        return pooled_estimate(metric, *columns)
     except ValueError:
         return None
 
@@ -289,8 +295,9 @@ class Cell:
 
 
 def cell(settings: Settings, run_id: str, results: list[ClipResult]) -> Cell:
-    decode = _interval(METRICS["decode_speedup"], [results])
-    total = _interval(METRICS["total_speedup"], [results])
+    columns = _columns(results)
+    decode = _interval(METRICS["decode_speedup"], columns)
+    total = _interval(METRICS["total_speedup"], columns)
     return Cell(
         draft=draft_label(settings.draft),
         window=settings.window,
@@ -299,10 +306,10 @@ def cell(settings: Settings, run_id: str, results: list[ClipResult]) -> Cell:
         run_id=run_id,
         clips=len(results),
         lossless_clips=sum(r.lossless for r in results),
-        a1=_estimate(METRICS["a1"], results),
-        a2c=_estimate(METRICS["a2c"], results),
-        L=_estimate(METRICS["L"], results),
-        s=[_estimate(survival(depth), results) for depth in range(settings.k + 1)],
+        a1=_estimate(METRICS["a1"], columns),
+        a2c=_estimate(METRICS["a2c"], columns),
+        L=_estimate(METRICS["L"], columns),
+        s=[_estimate(survival(depth), columns) for depth in range(settings.k + 1)],
         decode_speedup=decode.estimate,
         decode_speedup_low=decode.low,
         decode_speedup_high=decode.high,
@@ -329,16 +336,25 @@ def _shared(arm_a: list[ClipResult], arm_b: list[ClipResult]) -> tuple[list[Clip
     return [r for r in arm_a if r.trace.clip_hash in both], [r for r in arm_b if r.trace.clip_hash in both]
 
 
-def contrast(name: str, fixed: str, metric: str, arm_a: list[ClipResult], arm_b: list[ClipResult]) -> Contrast | None:
-    """metric(b) - metric(a) on the clips both arms decoded, with its paired bootstrap interval; None where the
-    metric is undefined (a2c at K = 1)."""
+def contrast(
+    name: str, fixed: str, metrics: Sequence[str], arm_a: list[ClipResult], arm_b: list[ClipResult]
+) -> list[Contrast]:
+    """metric(b) - metric(a) for each metric on the clips both arms decoded, with its paired bootstrap interval;
+    metrics undefined on these arms (a2c at K = 1) are left out."""
     arms = _shared(arm_a, arm_b)
-    measure = METRICS[metric]
-    try:
-        interval = _interval(lambda a, b: measure(b) - measure(a), list(arms))
-    except ValueError:
-        return None
-    return Contrast(name, fixed, metric, len(arms[0]), **asdict(interval))
+    found = _differences(metrics, _columns(*arms))
+    return [Contrast(name, fixed, metric, len(arms[0]), **asdict(interval)) for metric, interval in found.items()]
+
+
+def _differences(metrics: Sequence[str], columns: Columns) -> dict[str, Interval]:
+    found = {}
+    for metric in metrics:
+        measure = METRICS[metric]
+        try:
+            found[metric] = _interval(lambda a, b, measure=measure: measure(b) - measure(a), columns)
+        except ValueError:
+            continue
+    return found
 
 
 def _partners(cells: dict[Settings, list[ClipResult]], pairs: tuple[tuple[str, str], ...], key: str):
@@ -373,11 +389,11 @@ def contrasts(cells: dict[Settings, list[ClipResult]]) -> list[Contrast]:
     found = []
     for a, b, settings_a, settings_b in _partners(_with_audio(cells), WINDOW_CONTRASTS, "window"):
         fixed = f"{draft_label(settings_b.draft)} {_k_threshold(settings_b)}"
-        found += [contrast(f"{b}-{a}", fixed, m, cells[settings_a], cells[settings_b]) for m in ("a1", "a2c", "L")]
+        found += contrast(f"{b}-{a}", fixed, ("a1", "a2c", "L"), cells[settings_a], cells[settings_b])
     for a, b, settings_a, settings_b in _partners(cells, DRAFT_CONTRASTS, "draft"):
         fixed = f"{settings_b.window} {_k_threshold(settings_b)}"
-        found += [contrast(f"{b}-{a}", fixed, m, cells[settings_a], cells[settings_b]) for m in METRICS]
-    return [c for c in found if c is not None]
+        found += contrast(f"{b}-{a}", fixed, list(METRICS), cells[settings_a], cells[settings_b])
+    return found
 
 
 def _k_threshold(settings: Settings) -> str:
@@ -445,14 +461,15 @@ def runtime_table(cells: dict[Settings, list[ClipResult]]) -> pd.DataFrame:
     pairs = tuple((RUNTIME_BASE, window) for window in RUNTIME_WINDOWS)
     for _, window, settings_a, settings_b in _partners(_with_audio(cells), pairs, "window"):
         base, corrected = _shared(cells[settings_a], cells[settings_b])
-        base_columns, corrected_columns = clip_columns(base), clip_columns(corrected)
+        columns = _columns(base, corrected)
+        base_columns, corrected_columns = columns[0]
         L = pooled_estimate(METRICS["L"], [base_columns])
-        delta = {m: contrast("", "", m, base, corrected) for m in ("a1", "a2c", "L")}
+        delta = _differences(("a1", "a2c", "L"), columns)
         per_round = [c["decode"].sum() / c["rounds"].sum() for c in (base_columns, corrected_columns)]
         cost = (per_round[1] - per_round[0]) / (base_columns["verify"].sum() / base_columns["rounds"].sum())
         measured_rho = rho([r.trace for r in base])
         net = {
-            phase: _interval(lambda a, b, phase=phase: a[phase] / b[phase] - 1, [base, corrected])
+            phase: _interval(lambda a, b, phase=phase: a[phase] / b[phase] - 1, columns)
             for phase in ("decode", "total")
         }
         centres = [(s.window_centre, s.reference_frame) for r in corrected for s in r.trace.steps]
@@ -464,7 +481,7 @@ def runtime_table(cells: dict[Settings, list[ClipResult]]) -> pd.DataFrame:
                 "k": settings_b.k,
                 "threshold": settings_b.threshold,
                 "anchor_error_frames": float(np.median(errors)) if errors else None,
-                **{f"d_{m}": None if d is None else d.estimate for m, d in delta.items()},
+                **{f"d_{m}": delta[m].estimate if m in delta else None for m in ("a1", "a2c", "L")},
                 "d_L_low": delta["L"].low,
                 "d_L_high": delta["L"].high,
                 "gross": delta["L"].estimate / (1 + L),
