@@ -5,7 +5,6 @@ import json
 import tempfile
 import zipfile
 from dataclasses import asdict
-from pathlib import Path
 
 import pandas as pd
 import streamlit as st
@@ -47,16 +46,15 @@ right.page_link("pages/drift.py", label=f"Show run {run_id} on Drift", query_par
 st.caption(f"Shareable: add ?run={run_id} to the Live decode or Drift page's address.")
 
 
-def parquet_zip(run_id: str) -> bytes:
+def exported(run_id: str) -> tuple[bytes, bytes]:
+    """The run's tables exported once, zipped as Parquet and as CSV."""
     with tempfile.TemporaryDirectory() as folder:
         paths = store.export_runs([run_id], folder)
-        return _zip({path.name: path.read_bytes() for path in paths})
-
-
-def csv_zip(run_id: str) -> bytes:
-    with tempfile.TemporaryDirectory() as folder:
-        paths = store.export_runs([run_id], folder)
-        return _zip({Path(p).with_suffix(".csv").name: pd.read_parquet(p).to_csv(index=False).encode() for p in paths})
+        parquet = _zip({path.name: path.read_bytes() for path in paths})
+        csv = _zip(
+            {path.with_suffix(".csv").name: pd.read_parquet(path).to_csv(index=False).encode() for path in paths}
+        )
+    return parquet, csv
 
 
 def _zip(files: dict[str, bytes]) -> bytes:
@@ -67,8 +65,9 @@ def _zip(files: dict[str, bytes]) -> bytes:
     return buffer.getvalue()
 
 
+parquet, csv = exported(run_id)
 left, middle, right = st.columns(3)
-left.download_button("Parquet (zip)", parquet_zip(run_id), f"run-{run_id}-parquet.zip", key="download_parquet")
-middle.download_button("CSV (zip)", csv_zip(run_id), f"run-{run_id}-csv.zip", key="download_csv")
+left.download_button("Parquet (zip)", parquet, f"run-{run_id}-parquet.zip", key="download_parquet")
+middle.download_button("CSV (zip)", csv, f"run-{run_id}-csv.zip", key="download_csv")
 traces = json.dumps([asdict(t) for t in store.traces(run_id)])
 right.download_button("JSON (traces)", traces, f"run-{run_id}.json", mime="application/json", key="download_json")
