@@ -7,8 +7,7 @@ import streamlit as st
 
 import widgets
 from specasr.align import AlignmentError
-from specasr.metrics import acceptance, anchor_error_by_depth
-from specasr.targets import FRAME_MS
+from specasr.metrics import acceptance, depth_profile
 from specasr.views import depth_figure, survival_figure
 from specasr.windows import WINDOWS
 
@@ -71,13 +70,13 @@ survival = pd.DataFrame(
 left, right = st.columns(2)
 left.subheader("Survival by depth")
 left.plotly_chart(survival_figure(survival), key="survival")
-errors = pd.concat(
-    [anchor_error_by_depth([trace]).assign(window=w) for w, trace in traces.items() if trace.steps], ignore_index=True
-)
+profiles = pd.concat([depth_profile([trace]).assign(window=w) for w, trace in traces.items()], ignore_index=True)
+errors = profiles.dropna(subset=["anchor_error_ms"])
 right.subheader("Anchor error by depth")
 if len(errors):
-    errors["median_ms"] = errors["median"] * FRAME_MS
-    right.plotly_chart(depth_figure(errors, "median_ms", "window", "median |draft peak - alignment| (ms)"), key="error")
+    right.plotly_chart(
+        depth_figure(errors, "anchor_error_ms", "window", "median |draft peak - alignment| (ms)"), key="error"
+    )
 else:
     right.info("No anchor errors: the draft has no audio attention, or no token got a reference frame.")
 st.dataframe(summary, hide_index=True, key="summary")

@@ -35,7 +35,7 @@ from specasr.metrics import (
     peak_agreement,
     pooled_bootstrap,
     pooled_estimate,
-    rho,
+    step_cost,
 )
 from specasr.pipeline import Pipeline
 from specasr.store import Store
@@ -223,6 +223,8 @@ def clip_columns(results: list[ClipResult]) -> dict[str, np.ndarray]:
         "survivors": np.array(survivors, dtype=float),
         "outcomes": np.array(outcomes, dtype=float).reshape(len(results), 4),
         "rounds": np.array([len(r.trace.rounds) for r in results], dtype=float),
+        "proposed": np.array([sum(len(round.proposed) for round in r.trace.rounds) for r in results], dtype=float),
+        "draft": np.array([r.trace.draft_seconds for r in results]),
         "verify": np.array([r.trace.verify_seconds for r in results]),
     } | {name: np.array(v) for name, v in timings.items()}
 
@@ -462,12 +464,11 @@ def runtime_table(cells: dict[Settings, list[ClipResult]]) -> pd.DataFrame:
     for _, window, settings_a, settings_b in _partners(_with_audio(cells), pairs, "window"):
         base, corrected = _shared(cells[settings_a], cells[settings_b])
         columns = _columns(base, corrected)
-        base_columns, corrected_columns = columns[0]
-        L = pooled_estimate(METRICS["L"], [base_columns])
+        uncorrected = ([columns[0][0]], columns[1])
+        L = pooled_estimate(METRICS["L"], *uncorrected)
         delta = _differences(("a1", "a2c", "L"), columns)
-        per_round = [c["decode"].sum() / c["rounds"].sum() for c in (base_columns, corrected_columns)]
-        cost = (per_round[1] - per_round[0]) / (base_columns["verify"].sum() / base_columns["rounds"].sum())
-        measured_rho = rho([r.trace for r in base])
+        cost = pooled_estimate(_correction_cost, *columns)
+        measured_rho = pooled_estimate(_rho, *uncorrected)
         net = {
             phase: _interval(lambda a, b, phase=phase: a[phase] / b[phase] - 1, columns)
             for phase in ("decode", "total")
@@ -494,6 +495,16 @@ def runtime_table(cells: dict[Settings, list[ClipResult]]) -> pd.DataFrame:
             }
         )
     return pd.DataFrame(rows)
+
+
+def _correction_cost(base: dict[str, np.ndarray], corrected: dict[str, np.ndarray]) -> np.ndarray:
+    """The correction's added decode seconds per round, in verification passes of the uncorrected loop."""
+    added = corrected["decode"] / corrected["rounds"] - base["decode"] / base["rounds"]
+    return added / (base["verify"] / base["rounds"])
+
+
+def _rho(sums: dict[str, np.ndarray]) -> np.ndarray:
+    return step_cost(sums["draft"], sums["proposed"], sums["verify"], sums["rounds"])
 
 
 def sweep_table(cells: pd.DataFrame) -> pd.DataFrame:

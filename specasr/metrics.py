@@ -10,6 +10,7 @@ from importlib.resources import files
 import jiwer
 import numpy as np
 import pandas as pd
+from numpy.typing import ArrayLike
 from transformers.models.whisper.english_normalizer import EnglishTextNormalizer
 
 from specasr.targets import FRAME_MS
@@ -138,7 +139,12 @@ def rho(traces: list[Trace]) -> float:
     verify = sum(r.verify_seconds for r in rounds)
     if not steps or verify <= 0:
         raise ValueError("need rounds with draft steps and positive verification time to measure rho")
-    return (sum(r.draft_seconds for r in rounds) / steps) / (verify / len(rounds))
+    return step_cost(sum(r.draft_seconds for r in rounds), steps, verify, len(rounds))
+
+
+def step_cost(draft_seconds: ArrayLike, steps: ArrayLike, verify_seconds: ArrayLike, rounds: ArrayLike) -> ArrayLike:
+    """rho from its sums: draft seconds per proposed token over verification seconds per round (elementwise)."""
+    return (draft_seconds / steps) / (verify_seconds / rounds)
 
 
 def correction_pays(delta_L: float, L: float, delta_cost: float, k: int, rho: float) -> bool:

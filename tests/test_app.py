@@ -89,6 +89,7 @@ def test_windows_page_draws_every_window():
     assert not app.exception and not app.error
     survival = figures(app)["survival"]
     assert names(survival) == list(WINDOWS)
+    assert names(figures(app)["error"]) == list(WINDOWS)  # each window's anchor error by depth
     assert frame_with(app, "window", "L", "run").window.tolist() == list(WINDOWS)
 
 

@@ -141,7 +141,9 @@ def test_peak_table_against_hand_frames(hand_grid):
     assert "no-audio unrestricted K=4 threshold=0 restart" not in peaks.index  # no audio attention to compare
 
 
-def test_outcome_and_runtime_tables_against_hand_computation(tmp_path):
+@pytest.fixture
+def runtime_grid(tmp_path):
+    """AnchorDraft unrestricted and with the runtime window on clips u and v, every round timed alike."""
     store = Store(tmp_path / "runs.duckdb")
     greedy, base = replace(BASE, k=0), replace(BASE, draft="anchordraft")
     runtime = replace(base, window="runtime")
@@ -168,7 +170,11 @@ def test_outcome_and_runtime_tables_against_hand_computation(tmp_path):
             COMMAND,
         ),
     }
-    found = tables(store, GridRuns(baseline, peaks, cells))
+    return store, GridRuns(baseline, peaks, cells)
+
+
+def test_outcome_and_runtime_tables_against_hand_computation(runtime_grid):
+    found = tables(*runtime_grid)
 
     outcome = found.outcomes.set_index("cell").loc["anchordraft unrestricted K=4 threshold=0"]
     assert (outcome.accepted, outcome.rejected) == (2, 2)
@@ -188,6 +194,15 @@ def test_outcome_and_runtime_tables_against_hand_computation(tmp_path):
     assert row.predicted_pays == (row.gross > row.cost / (1 + 4 * row.rho))
     assert row.net_decode == pytest.approx(0.0) and not row.measured_pays  # 2.0 s in both loops
     assert row.net_total == pytest.approx(0.0) and row.net_decode_low <= 0 <= row.net_decode_high
+
+
+def test_runtime_table_weights_evaluation_sets_equally(runtime_grid):
+    row = tables(*runtime_grid, {"hash-u": "A", "hash-v": "B"}).runtime.iloc[0]
+    # uncorrected L: u (A) 1/3, v (B) 2 -> 7/6; corrected: u 1, v 3 -> 2
+    assert row.d_L == pytest.approx(2 - 7 / 6) and row.gross == pytest.approx((2 - 7 / 6) / (1 + 7 / 6))
+    # decode seconds per round: u 1.0 / 3 -> 1.5 / 2, v 1.0 / 1 -> 0.5 / 1; one verification 0.2 s
+    assert row.cost == pytest.approx(((0.75 - 1 / 3) / 0.2 + (0.5 - 1.0) / 0.2) / 2)
+    assert row.rho == pytest.approx((0.05 / 4) / 0.2)
 
 
 def test_window_contrasts_pair_cells_that_differ_only_in_window(hand_grid):
