@@ -169,12 +169,15 @@ class _SpeculativeLoop:
             block, self.target_cache, taps=self.draft.config.taps, attention_layers=self.attention_layers
         )
 
-    def _record_verified(self, cross_attention: Tensor | None, first_row: int, new: list[int]) -> None:
-        """Rows first_row.. of a verification pass predicted the tokens `new`; keep where each layer looked."""
-        if cross_attention is None:
+    def _read_peaks(self, cross_attention: Tensor | None, rows: slice) -> list[list[int]] | None:
+        """Each row's peak frame per layer (segment frames); the runtime windows pay for this readout every round."""
+        return None if cross_attention is None else _peaks(cross_attention, rows, self.policy.valid_frames, Origin())
+
+    def _record_verified(self, peaks: list[list[int]] | None, new: list[int]) -> None:
+        """The first rows of `peaks` predicted the tokens `new`; keep where each layer looked."""
+        if peaks is None:
             return
-        rows = slice(first_row, first_row + len(new))
-        peaks = _peaks(cross_attention, rows, self.policy.valid_frames, Origin())  # (tokens, layers), segment frames
+        peaks = peaks[: len(new)]
         if self.settings.window in RUNTIME_WINDOWS:
             layer = self.attention_layers.index(self.runtime_layer)
             self.policy.observe_verified(len(self.tokens), [row[layer] for row in peaks])
@@ -190,7 +193,7 @@ class _SpeculativeLoop:
         target, prompt = self.target, self.target.prompt
         out = self._verify(torch.tensor([prompt], device=self.device))
         first = target.greedy_tokens(out.logits[:, -1:], 0).item()
-        self._record_verified(out.cross_attention, len(prompt) - 1, [first])
+        self._record_verified(self._read_peaks(out.cross_attention, slice(len(prompt) - 1, len(prompt))), [first])
         if first == target.eot:
             return self.result
         self.tokens.append(first)
@@ -237,6 +240,7 @@ class _SpeculativeLoop:
         block = torch.cat([inputs[:, -1:], torch.stack(proposed, dim=1)], dim=1) if proposed else inputs[:, -1:]
         out = self._verify(block)
         choices = target.greedy_tokens(out.logits, len(self.tokens))[0]
+        peaks = self._read_peaks(out.cross_attention, slice(None))
         verified_at = self.stopwatch.mark()
 
         choices = choices.tolist()  # the round's one host synchronisation
@@ -258,7 +262,7 @@ class _SpeculativeLoop:
             )
         )
         self._record_steps(self.origin.round + index, proposed, accepted, rows, centres)
-        self._record_verified(out.cross_attention, 0, new)
+        self._record_verified(peaks, new)
 
         finished = new[-1] == target.eot
         self.tokens += new[:-1] if finished else new

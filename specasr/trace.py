@@ -121,8 +121,8 @@ class Round:
     proposed: list[int]
     accepted: int
     target_token: int  # the target's own next token after the accepted prefix (end-of-text included)
-    draft_seconds: float
-    verify_seconds: float
+    draft_seconds: float  # the draft's catch-up on the last round's tokens and its proposals
+    verify_seconds: float  # the verification pass and, for the runtime windows, the readout of its attention peaks
 
 
 @dataclass

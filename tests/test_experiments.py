@@ -149,7 +149,7 @@ def runtime_grid(tmp_path):
     runtime = replace(base, window="runtime")
     baseline = store.write_run([hand_trace(greedy, "u", [], 2.0), hand_trace(greedy, "v", [], 2.0)], COMMAND)
     peaks = store.write_run([peaks_trace("u", [1, 2, 3], [0]), peaks_trace("v", [4, 5], [0])], COMMAND)
-    timed = (0.05, 0.2)  # draft and verification seconds of every round
+    timed = (0.05, 0.2)  # draft and verification seconds of every uncorrected round
     base_rounds = {"u": [0, 1, 0], "v": [2]}  # restart errors (frames): accepted 5, 20; rejected 2, 15
     base_errors = {"u": [2, 5, 15], "v": [20]}
     cells = {
@@ -164,8 +164,10 @@ def runtime_grid(tmp_path):
         ),
         runtime: store.write_run(
             [
-                hand_trace(runtime, "u", [1, 1], 1.5, steps=restarts([1, 1], [0, 0], centre=103), round_seconds=timed),
-                hand_trace(runtime, "v", [3], 0.5, steps=restarts([3], [0], centre=96), round_seconds=timed),
+                hand_trace(
+                    runtime, "u", [1, 1], 1.5, steps=restarts([1, 1], [0, 0], centre=103), round_seconds=(0.06, 0.25)
+                ),
+                hand_trace(runtime, "v", [3], 0.5, steps=restarts([3], [0], centre=96), round_seconds=(0.05, 0.3)),
             ],
             COMMAND,
         ),
@@ -187,8 +189,9 @@ def test_outcome_and_runtime_tables_against_hand_computation(runtime_grid):
     # uncorrected: rounds 0, 1, 0, 2 -> L = 3/4; corrected: 1, 1, 3 -> L = 5/3
     assert row.d_L == pytest.approx(5 / 3 - 3 / 4) and row.d_a1 == pytest.approx(1 - 2 / 4)
     assert row.gross == pytest.approx((5 / 3 - 3 / 4) / (1 + 3 / 4))
-    # decode seconds per round: 2.0 / 4 uncorrected, 2.0 / 3 corrected; one verification 0.2 s
-    assert row.cost == pytest.approx((2 / 3 - 1 / 2) / 0.2)
+    # added per round: verification (0.25 + 0.25 + 0.3) / 3 - 0.2 s, draft 4 proposals x ((0.06 + 0.06 + 0.05) / 12
+    # - 0.05 / 4) s; in verifications of 0.2 s
+    assert row.cost == pytest.approx((0.8 / 3 - 0.2 + 4 * (0.17 / 12 - 0.05 / 4)) / 0.2)
     assert row.rho == pytest.approx((0.05 / 4) / 0.2)
     assert row.anchor_error_frames == pytest.approx(3)  # centres 103, 103, 96 vs reference 100
     assert row.predicted_pays == (row.gross > row.cost / (1 + 4 * row.rho))
@@ -200,8 +203,8 @@ def test_runtime_table_weights_evaluation_sets_equally(runtime_grid):
     row = tables(*runtime_grid, {"hash-u": "A", "hash-v": "B"}).runtime.iloc[0]
     # uncorrected L: u (A) 1/3, v (B) 2 -> 7/6; corrected: u 1, v 3 -> 2
     assert row.d_L == pytest.approx(2 - 7 / 6) and row.gross == pytest.approx((2 - 7 / 6) / (1 + 7 / 6))
-    # decode seconds per round: u 1.0 / 3 -> 1.5 / 2, v 1.0 / 1 -> 0.5 / 1; one verification 0.2 s
-    assert row.cost == pytest.approx(((0.75 - 1 / 3) / 0.2 + (0.5 - 1.0) / 0.2) / 2)
+    # added per round: u 0.05 s verification + 4 x 0.01 / 4 s draft, v 0.1 s verification; in verifications of 0.2 s
+    assert row.cost == pytest.approx(((0.05 + 0.01) / 0.2 + 0.1 / 0.2) / 2)
     assert row.rho == pytest.approx((0.05 / 4) / 0.2)
 
 
