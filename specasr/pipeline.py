@@ -2,7 +2,8 @@
 
 audio -> 30 s windows cut at quiet points -> features -> encoder (once per window) -> [greedy pass and forced
 alignment, only when the settings need reference frames, and once per clip and target] -> greedy or speculative
-loop -> one complete trace. Targets, drafts, aligners and reference frames are kept for the next decode.
+loop, or a peer decoder (specasr.peers) in their place -> one complete trace. Targets, drafts, peers, aligners and
+reference frames are kept for the next decode.
 """
 
 import json
@@ -15,8 +16,9 @@ from torch import Tensor
 
 from specasr.align import Aligner, AlignmentError, ClipReference, align_tokens, get_aligner, normalize_for_alignment
 from specasr.audio import SAMPLE_RATE, AudioTooLongError, Clip, split_windows
-from specasr.decode import Origin, PhaseTimer, greedy, speculative
+from specasr.decode import Decoded, Origin, PhaseTimer, greedy, speculative
 from specasr.draft import Draft, resolve_draft
+from specasr.peers import Peer, load_peer
 from specasr.targets import DTYPES, WhisperTarget, load_target
 from specasr.trace import REFERENCE_SOURCES, Round, Segment, Settings, Trace, code_version
 from specasr.windows import RUNTIME_WINDOWS
@@ -34,6 +36,7 @@ class Pipeline:
         self._targets: dict[tuple, WhisperTarget] = {}
         self._drafts: dict[tuple, tuple[Draft, str, str]] = {}  # the draft, its name and its weights hash
         self._aligners: dict[str, Aligner] = {}
+        self._peers: dict[tuple, Peer] = {}
         self._references: dict[tuple, ClipReference] = {}
 
     def target(self, settings: Settings) -> WhisperTarget:
@@ -53,6 +56,12 @@ class Pipeline:
             self._drafts[key] = (draft, draft.name, draft.weights_hash())  # hashing the weights takes a while
         return self._drafts[key]
 
+    def peer(self, settings: Settings) -> Peer:
+        key = (settings.decoder, settings.target, settings.device, settings.dtype)
+        if key not in self._peers:
+            self._peers[key] = load_peer(settings.decoder, self.target(settings), settings.device, settings.dtype)
+        return self._peers[key]
+
     def aligner(self, name: str) -> Aligner:
         if name not in self._aligners:
             self._aligners[name] = get_aligner(name)
@@ -62,7 +71,8 @@ class Pipeline:
         """The settings as a decode runs them: a greedy decode carries no draft settings, a speculative one names
         its draft's precision and, with the runtime window, its layer."""
         if settings.draft is None:
-            return replace(settings, k=0, window="unrestricted", half_width_ms=0.0, runtime_layer=None, threshold=0.0)
+            greedy = replace(settings, k=0, window="unrestricted", half_width_ms=0.0, runtime_layer=None, threshold=0.0)
+            return greedy if settings.decoder == "specasr" else replace(greedy, verify_peaks=False)
         layer = settings.runtime_layer
         if settings.window in RUNTIME_WINDOWS and layer is None:
             layer = self.target(settings).runtime_layer
@@ -80,14 +90,16 @@ class Pipeline:
             )
         target = self.target(settings)
         draft, draft_name, draft_hash = self._draft(settings) if settings.draft is not None else (None, "none", None)
+        peer = self.peer(settings) if settings.decoder != "specasr" else None
+        frontend = peer or target
         windows = split_windows(clip.audio, target.window_samples, target.samples_per_frame)
         timer = PhaseTimer(target.device)
         memories = []
         for start, end in windows:
             with timer.phase("features"):
-                features = target.features(clip.audio[start:end])
+                features = frontend.features(clip.audio[start:end])
             with timer.phase("encoder"):
-                memories.append(target.encode(features))
+                memories.append(frontend.encode(features))
         reference = None
         if settings.needs_reference:
             with timer.phase("reference"):
@@ -98,7 +110,9 @@ class Pipeline:
             origin = Origin(index, start // target.samples_per_frame, len(tokens), len(rounds))
             valid_frames = target.valid_frames(end - start)
             with timer.phase("decode"):
-                if draft is None:
+                if peer is not None:
+                    result = Decoded(peer.decode(memory))
+                elif draft is None:
                     result = greedy(target, memory, valid_frames, settings.verify_peaks, origin)
                 else:
                     frames = reference.window_frames(index, origin.frame) if reference else None

@@ -173,6 +173,7 @@ MIGRATIONS: list[list[str]] = [
             PRIMARY KEY (clip_hash, target, device, dtype, aligner)
         )""",
     ],
+    ["""ALTER TABLE runs ADD COLUMN decoder VARCHAR DEFAULT 'specasr'"""],
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -17,6 +17,7 @@ from specasr import __version__
 from specasr.windows import REFERENCE_WINDOWS, WINDOWS
 
 REFERENCE_SOURCES = ("auto", "always", "never")  # or the path of a JSON file of frames
+DECODERS = ("specasr", "faster-whisper", "transformers")  # ours, then the peers of specasr.peers
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class Settings:
     verify_peaks: bool = True  # record where every target layer attended for every transcript token
     keep_attention: bool = False  # keep each draft step's full audio attention row
     max_seconds: float = 600.0  # longer clips are refused
+    decoder: str = "specasr"  # our loops, or a peer timed beside them (specasr.peers): faster-whisper, transformers
 
     def __post_init__(self):
         if self.window not in WINDOWS:
@@ -47,6 +49,12 @@ class Settings:
             raise ValueError(f"K must be between 1 and 64, got {self.k}")
         if not 0 <= self.threshold < 1:
             raise ValueError(f"the confidence threshold must be in [0, 1), got {self.threshold}")
+        if self.decoder not in DECODERS:
+            raise ValueError(f"unknown decoder {self.decoder!r}; choose one of {', '.join(DECODERS)}")
+        if self.decoder != "specasr" and (self.draft is not None or self.reference not in ("auto", "never")):
+            raise ValueError(
+                f"the {self.decoder} decoder runs greedy and records tokens and timings only: no draft, no reference"
+            )
         if self.half_width_ms < 0 or self.max_seconds <= 0:
             raise ValueError("the window half-width must be >= 0 and the length limit > 0")
 

@@ -1,0 +1,94 @@
+"""Other decoders, run through the pipeline beside ours so that `bench --peers` times them on the same clips:
+faster-whisper (CTranslate2) on the bundled weights, and transformers `generate` on the converted ones. Each
+makes its own features, encodes one 30 s window and decodes it greedily."""
+
+from typing import Protocol
+
+import numpy as np
+import torch
+from transformers.modeling_outputs import BaseModelOutput
+
+from specasr.targets import WhisperTarget
+from specasr.targets.builtin import BUILTIN_TARGETS, bundled_ct2_dir
+from specasr.targets.whisper import ENCODER_STRIDE, WINDOW_FRAMES
+
+COMPUTE_TYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
+
+
+class Peer(Protocol):
+    def features(self, audio: np.ndarray): ...
+
+    def encode(self, features): ...
+
+    def decode(self, memory) -> list[int]:
+        """The transcript tokens of one window: prompt and end-of-text excluded."""
+
+
+class FasterWhisper:
+    """faster-whisper's greedy decode (beam 1, temperature 0, no timestamps, no VAD, no previous-text prompt), its
+    features as its `transcribe` makes them, with the target's prompt."""
+
+    def __init__(self, target: WhisperTarget, device: str, dtype: str):
+        from faster_whisper import WhisperModel
+
+        if target.name not in BUILTIN_TARGETS:
+            raise ValueError(f"faster-whisper runs the built-in targets' bundled weights only, not {target.name!r}")
+        kind, _, index = device.partition(":")
+        self.model = WhisperModel(
+            str(bundled_ct2_dir(target.name)),
+            device=kind,
+            device_index=int(index or 0),
+            compute_type=COMPUTE_TYPES[dtype],
+            cpu_threads=torch.get_num_threads(),
+        )
+        self.prompt = list(target.prompt)
+        self.max_length = target.max_length
+
+    def features(self, audio: np.ndarray) -> np.ndarray:
+        mel = self.model.feature_extractor(audio)[:, :-1]  # its log-mel of one window, padded with zeros to 30 s
+        return np.pad(mel, ((0, 0), (0, WINDOW_FRAMES * ENCODER_STRIDE - mel.shape[1])))
+
+    def encode(self, features: np.ndarray):
+        return self.model.encode(features)
+
+    def decode(self, memory) -> list[int]:
+        result = self.model.model.generate(
+            memory, [self.prompt], beam_size=1, max_length=self.max_length, suppress_blank=True, suppress_tokens=[-1]
+        )
+        return result[0].sequences_ids[0]
+
+
+class TransformersGenerate:
+    """transformers' `generate`, greedy, on the target's own model, features and generation config."""
+
+    def __init__(self, target: WhisperTarget):
+        self.target = target
+
+    def features(self, audio: np.ndarray) -> torch.Tensor:
+        return self.target.features(audio)
+
+    def encode(self, features: torch.Tensor) -> torch.Tensor:
+        return self.target.encode(features)
+
+    @torch.inference_mode()
+    def decode(self, memory: torch.Tensor) -> list[int]:
+        target = self.target
+        output = target.model.generate(
+            encoder_outputs=BaseModelOutput(last_hidden_state=memory),
+            decoder_input_ids=torch.tensor([target.prompt], device=memory.device),
+            num_beams=1,
+            do_sample=False,
+            max_length=target.max_length,
+            return_dict_in_generate=True,  # then the sequence keeps its prompt and end-of-text
+        )
+        tokens = output.sequences[0, len(target.prompt) :].tolist()
+        return tokens[: tokens.index(target.eot)] if target.eot in tokens else tokens
+
+
+def load_peer(name: str, target: WhisperTarget, device: str, dtype: str) -> Peer:
+    """A peer of DECODERS by name, for `target` on `device` in `dtype`."""
+    if name == "faster-whisper":
+        return FasterWhisper(target, device, dtype)
+    if name == "transformers":
+        return TransformersGenerate(target)
+    raise ValueError(f"no peer named {name!r}")

@@ -1,0 +1,55 @@
+"""Peers: faster-whisper and transformers `generate` decode what they decode on their own, through the pipeline."""
+
+import pytest
+from faster_whisper import WhisperModel
+
+from specasr.audio import load_audio
+from specasr.decode import greedy_tokens
+from specasr.peers import FasterWhisper, TransformersGenerate
+from specasr.store import Store
+from specasr.targets import builtin
+from specasr.trace import Settings
+
+
+@pytest.mark.parametrize("target_name", ["tiny_en", "base"])
+def test_peers_decode_our_greedy_tokens_from_the_same_features(request, target_name, sample_clips):
+    target = request.getfixturevalue(target_name)
+    generate, faster_whisper = TransformersGenerate(target), FasterWhisper(target, "cpu", "float32")
+    for clip in sample_clips:
+        features = target.features(load_audio(clip.path))
+        expected = greedy_tokens(target, target.encode(features))
+        assert generate.decode(target.encode(features)) == expected, clip.id
+        assert faster_whisper.decode(faster_whisper.encode(features.numpy())) == expected, clip.id
+
+
+def test_faster_whisper_peer_equals_its_transcribe(pipeline, sample_clips):
+    model = WhisperModel(str(builtin.bundled_ct2_dir("whisper-tiny.en")), device="cpu", compute_type="float32")
+    settings = Settings(target="whisper-tiny.en", decoder="faster-whisper")
+    for clip in sample_clips:
+        audio = load_audio(clip.path)
+        segments, _ = model.transcribe(
+            audio,
+            beam_size=1,
+            temperature=0.0,
+            without_timestamps=True,
+            vad_filter=False,
+            condition_on_previous_text=False,
+            language="en",
+        )
+        expected = [token for segment in segments for token in segment.tokens]
+        assert pipeline.decode(clip.clip(), settings).tokens == expected, clip.id
+
+
+def test_a_peer_decode_is_a_stored_greedy_trace(pipeline, sample_clips, tmp_path):
+    trace = pipeline.decode(sample_clips[0].clip(), Settings(target="whisper-tiny.en", decoder="transformers"))
+    assert trace.settings.decoder == "transformers" and not trace.settings.verify_peaks
+    assert trace.tokens and not trace.rounds and not trace.verified
+    assert trace.timings.encoder > 0 and trace.timings.decode > 0
+    store = Store(tmp_path / "runs.duckdb")
+    assert store.traces(store.write_run([trace], "bench")) == [trace]
+
+
+@pytest.mark.parametrize("asked", [{"draft": "random"}, {"reference": "always"}, {"decoder": "whisper.cpp"}])
+def test_peers_refuse_what_they_cannot_do(asked):
+    with pytest.raises(ValueError, match="decoder"):
+        Settings(**({"decoder": "faster-whisper"} | asked))
