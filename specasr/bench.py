@@ -1,5 +1,5 @@
-"""Greedy vs speculative decoding, timed end to end on the same clips in one process, both arms through the
-pipeline."""
+"""Our greedy loop against speculative loops and peer decoders, timed end to end on the same clips in one process,
+every arm through the pipeline."""
 
 import statistics
 from dataclasses import asdict, dataclass, field, replace
@@ -28,13 +28,13 @@ class ArmResult:
 @dataclass
 class ClipTiming:
     clip_id: str
-    draft: str
-    tokens: int
+    arm: str
+    tokens: int  # the arm's transcript tokens
     greedy_decode: float  # medians over the repetitions, seconds
     greedy_total: float
-    speculative_decode: float
-    speculative_total: float
-    same_tokens: bool
+    decode: float
+    total: float
+    same_tokens: bool  # every repetition decoded our greedy loop's tokens
 
 
 def _median(traces: list[Trace], phase: str) -> float:
@@ -46,13 +46,13 @@ def benchmark(
 ) -> tuple[pd.DataFrame, dict[str, ArmResult]]:
     """Decode every clip `repeats` times in every arm, interleaved, after one warm-up decode per arm.
 
-    `arms` maps names to settings; the first must be greedy (no draft), the baseline of the others. No arm records
-    verification peaks: the loop is timed, not the trace's diagnostics. Returns one row per clip and
-    speculative arm (medians over repetitions) and every arm's decodes.
+    `arms` maps names to settings; the first must be our greedy loop, the baseline of the others (speculative
+    loops and peers). No arm records verification peaks: the loop is timed, not the trace's diagnostics. Returns one
+    row per clip and arm, the baseline included (medians over repetitions), and every arm's decodes.
     """
-    (baseline, *drafted) = arms
-    if arms[baseline].draft is not None:
-        raise ValueError("the first arm of a bench is the greedy baseline")
+    baseline = next(iter(arms))
+    if arms[baseline].draft is not None or arms[baseline].decoder != "specasr":
+        raise ValueError("the first arm of a bench is our greedy loop, the baseline")
     arms = {name: replace(settings, verify_peaks=False) for name, settings in arms.items()}
     for settings in arms.values():
         pipeline.decode(clips[0], settings)
@@ -65,50 +65,49 @@ def benchmark(
     rows = []
     for clip in clips:
         greedy = results[baseline].of_clip(clip.hash)
-        for name in drafted:
-            runs = results[name].of_clip(clip.hash)
+        for name, result in results.items():
+            runs = result.of_clip(clip.hash)
             rows.append(
                 ClipTiming(
                     clip_id=clip.id,
-                    draft=name,
-                    tokens=len(greedy[0].tokens),
+                    arm=name,
+                    tokens=len(runs[0].tokens),
                     greedy_decode=_median(greedy, "decode"),
                     greedy_total=_median(greedy, "total"),
-                    speculative_decode=_median(runs, "decode"),
-                    speculative_total=_median(runs, "total"),
+                    decode=_median(runs, "decode"),
+                    total=_median(runs, "total"),
                     same_tokens=all(s.tokens == greedy[0].tokens for s in runs),
                 )
             )
     table = pd.DataFrame([asdict(r) for r in rows])
-    table["decode_speedup"] = table.greedy_decode / table.speculative_decode
-    table["total_speedup"] = table.greedy_total / table.speculative_total
+    table["decode_speedup"] = table.greedy_decode / table.decode
+    table["total_speedup"] = table.greedy_total / table.total
     return table, results
 
 
 def summary(table: pd.DataFrame, results: dict[str, ArmResult]) -> pd.DataFrame:
-    """One row per draft: speedups (median over clips and pooled over time), acceptance, rho, lossless clips.
+    """One row per arm: speedups over our greedy loop (median over clips and pooled over time), seconds per clip,
+    decode-phase tokens per second, clips with our greedy's tokens and, for speculative arms, acceptance and rho.
 
     Acceptance is counted on the first repetition (every repetition decodes the same tokens); rho on all of them.
     """
     rows = []
-    for name, runs in table.groupby("draft", sort=False):
+    for name, runs in table.groupby("arm", sort=False):
         result = results[name]
-        first = [t for t, repeat in zip(result.traces, result.repeats, strict=True) if repeat == 0]
-        accepted = acceptance(first)
-        rows.append(
-            {
-                "draft": name,
-                "clips": len(runs),
-                "decode_speedup_median": runs.decode_speedup.median(),
-                "total_speedup_median": runs.total_speedup.median(),
-                "decode_speedup_pooled": runs.greedy_decode.sum() / runs.speculative_decode.sum(),
-                "total_speedup_pooled": runs.greedy_total.sum() / runs.speculative_total.sum(),
-                "L": accepted.L,
-                "a1": accepted.a1,
-                "a2c": accepted.a2c,
-                "rho": rho(result.traces),
-                "greedy_ms_per_token": 1000 * runs.greedy_decode.sum() / runs.tokens.sum(),
-                "lossless_clips": int(runs.same_tokens.sum()),
-            }
-        )
+        row = {
+            "arm": name,
+            "clips": len(runs),
+            "decode_speedup_median": runs.decode_speedup.median(),
+            "total_speedup_median": runs.total_speedup.median(),
+            "decode_speedup_pooled": runs.greedy_decode.sum() / runs.decode.sum(),
+            "total_speedup_pooled": runs.greedy_total.sum() / runs.total.sum(),
+            "total_ms_median": 1000 * runs.total.median(),
+            "tokens_per_second": runs.tokens.sum() / runs.decode.sum(),
+            "same_tokens_clips": int(runs.same_tokens.sum()),
+        }
+        if result.settings.draft is not None:
+            first = [t for t, repeat in zip(result.traces, result.repeats, strict=True) if repeat == 0]
+            accepted = acceptance(first)
+            row |= {"L": accepted.L, "a1": accepted.a1, "a2c": accepted.a2c, "rho": rho(result.traces)}
+        rows.append(row)
     return pd.DataFrame(rows)

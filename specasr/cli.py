@@ -4,11 +4,12 @@ import argparse
 import json
 import sys
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
 from datetime import datetime
 from pathlib import Path
 
+import pandas as pd
 import torch.distributed as dist
 from tqdm import tqdm
 
@@ -24,7 +25,7 @@ from specasr.metrics import acceptance, anchor_error_by_depth, word_error_rate
 from specasr.pipeline import Pipeline
 from specasr.store import Store, StoreError, default_db_path
 from specasr.targets import BUILTIN_TARGETS, DTYPES, FRAME_SECONDS, TargetUnavailableError, load_target
-from specasr.trace import Settings, Trace
+from specasr.trace import DECODERS, Settings, Trace
 from specasr.train import VARIANTS, TrainConfig, distributed, train
 from specasr.trainset import data_hash, prepare_examples, training_sources
 from specasr.windows import WINDOWS
@@ -68,14 +69,18 @@ def _add_clip_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _listed(kind: type) -> Callable[[str], tuple]:
+def _listed(kind: type, choices: Sequence | None = None) -> Callable[[str], tuple]:
     def parse(text: str) -> tuple:
         try:
-            return tuple(kind(value) for value in text.split(","))
+            values = tuple(kind(value) for value in text.split(","))
         except ValueError:
             raise argparse.ArgumentTypeError(
                 f"expected {kind.__name__} values separated by commas, got {text!r}"
             ) from None
+        unknown = [v for v in values if choices is not None and v not in choices]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown {', '.join(unknown)}; choose from {', '.join(choices)}")
+        return values
 
     return parse
 
@@ -289,20 +294,25 @@ def cmd_align(args: argparse.Namespace) -> None:
 
 def cmd_bench(args: argparse.Namespace) -> None:
     utterances = spread(load_manifest(args.speech_dir), args.clips)
-    arms = {"greedy": _settings(args)} | {name: _settings(args, draft=name) for name in args.draft or ["random"]}
+    arms = {"greedy": _settings(args)}
+    arms |= {peer: replace(arms["greedy"], decoder=peer) for peer in args.peers}
+    arms |= {name: _settings(args, draft=name) for name in args.draft or ["random"]}
     clips = [u.clip(args.max_seconds) for u in utterances]
     store = _store(args)
     table, results = benchmark(Pipeline(store), arms, clips, args.repeats)
+    runs = {name: store.write_run(r.traces, "bench", r.repeats) for name, r in results.items()} if store else {}
+    if args.json:
+        record = {"clips": _records(table), "summary": _records(summary(table, results))}
+        print(json.dumps(record | {"runs": runs}, default=_json_value))
+        return
     print(table.to_string(index=False, float_format="%.4f"))
     print(
         f"\n{args.target}, K={args.k}, window={args.window}, {args.device} {args.dtype} "
         f"(drafts {args.draft_dtype or args.dtype}), {args.repeats} repeats"
     )
     print(summary(table, results).to_string(index=False, float_format="%.3f"))
-    if store:
-        for name, result in results.items():
-            run_id = store.write_run(result.traces, "bench", result.repeats)
-            print(f"stored {name} as run {run_id} in {store.path}")
+    for name, run_id in runs.items():
+        print(f"stored {name} as run {run_id} in {store.path}")
 
 
 def _expand_shipped(draft: str, target: str) -> list[str]:
@@ -341,7 +351,7 @@ def cmd_experiment(args: argparse.Namespace) -> None:
     best = found.cells.loc[found.cells.decode_speedup.idxmax()]
     if args.json:
         record = {"aggregation": AGGREGATION, "baseline_run": runs.baseline, "peaks_run": runs.peaks}
-        record |= {name: table.to_dict("records") for name, table in vars(found).items()}
+        record |= {name: _records(table) for name, table in vars(found).items()}
         print(json.dumps(record | {"best_run": best.run_id}, default=_json_value))
         return
     counts = ", ".join(f"{name} {n}" for name, n in Counter(sets.values()).items())
@@ -361,6 +371,11 @@ def cmd_experiment(args: argparse.Namespace) -> None:
         f"\nfastest cell: {best.draft} {best.window} K={best.k} threshold={best.threshold:g}, "
         f"decode speedup {best.decode_speedup:.3f}x [{best.decode_speedup_low:.3f}, {best.decode_speedup_high:.3f}]"
     )
+
+
+def _records(table: pd.DataFrame) -> list[dict]:
+    """A table's rows for JSON: missing values as null (JSON has no NaN)."""
+    return table.astype(object).where(table.notna(), None).to_dict("records")
 
 
 def _json_value(value):
@@ -539,9 +554,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--speech-dir", type=Path, default=DEFAULT_SPEECH_DIR)
     p.add_argument("--clips", type=int, default=20, help="N clips spread evenly over the manifest")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument(
+        "--peers", type=_listed(str, DECODERS[1:]), default=(), help=f"peer decoders, e.g. {','.join(DECODERS[1:])}"
+    )
     _add_clip_options(p)
     _add_speculative_options(p, several_drafts=True)
     _add_store_options(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object: per-clip rows, summary and run ids")
     p.set_defaults(run=cmd_bench)
     return parser
 

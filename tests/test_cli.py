@@ -77,11 +77,24 @@ def test_decode_reference_file_errors_are_user_errors(capsys, sample_clips, tmp_
 def test_bench_prints_a_table_and_summary(capsys, speech):
     assert main(["bench", "--clips", "1", "--repeats", "1", "--k", "2", "--draft", "random"]) == 0
     out = capsys.readouterr().out
-    for column in ("decode_speedup", "total_speedup", "rho", "a1", "a2c", "L", "lossless_clips"):
+    for column in ("decode_speedup", "total_speedup", "rho", "a1", "a2c", "L", "tokens_per_second", "same_tokens_clips"):
         assert column in out
-    summary_row = next(line.split() for line in out.splitlines() if line.startswith("random "))
-    assert summary_row[-1] == "1"  # one clip, decoded losslessly
     assert sum(line.startswith("stored ") for line in out.splitlines()) == 2  # the greedy and the draft's run
+
+
+def test_bench_times_peers_beside_our_loops_as_json(capsys, speech):
+    argv = ["bench", "--clips", "1", "--repeats", "1", "--k", "2", "--draft", "random", "--peers", "transformers"]
+    assert main([*argv, "--json"]) == 0
+    record = json.loads(capsys.readouterr().out, parse_constant=pytest.fail)  # no NaN in the JSON
+    summary = {row["arm"]: row for row in record["summary"]}
+    assert list(summary) == ["greedy", "transformers", "random"] and set(record["runs"]) == set(summary)
+    assert summary["greedy"]["decode_speedup_pooled"] == 1.0 and summary["greedy"]["L"] is None
+    assert summary["transformers"]["same_tokens_clips"] == 1  # the same weights and features as our greedy loop
+    assert summary["random"]["same_tokens_clips"] == 1 and summary["random"]["L"] >= 0
+    assert [row["arm"] for row in record["clips"]] == list(summary)
+    with pytest.raises(SystemExit):
+        main(["bench", "--peers", "whisper.cpp"])
+    assert "unknown whisper.cpp; choose from faster-whisper, transformers" in capsys.readouterr().err
 
 
 def test_align_prints_word_times_and_one_frame_per_token(capsys, sample_clips):
