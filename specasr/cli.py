@@ -88,9 +88,8 @@ def _listed(kind: type, choices: Sequence | None = None) -> Callable[[str], tupl
 def _add_speculative_options(parser: argparse.ArgumentParser, several_drafts: bool = False, grid: bool = False) -> None:
     """grid: --window, --k and --threshold take comma-separated lists, the axes of an experiment."""
     about = "a shipped draft (python -m specasr drafts), a folder, random, or random-no-audio"
-    if grid:
-        about += "; shipped: every shipped draft of the target"
     if several_drafts:
+        about += "; shipped: every shipped draft of the target"
         parser.add_argument("--draft", action="append", help=about + "; repeat it to compare drafts (default: random)")
     else:
         parser.add_argument("--draft", default="random", help=about)
@@ -296,7 +295,8 @@ def cmd_bench(args: argparse.Namespace) -> None:
     utterances = spread(load_manifest(args.speech_dir), args.clips)
     arms = {"greedy": _settings(args)}
     arms |= {peer: replace(arms["greedy"], decoder=peer) for peer in args.peers}
-    arms |= {name: _settings(args, draft=name) for name in args.draft or ["random"]}
+    drafts = [name for draft in args.draft or ["random"] for name in _expand_shipped(draft, args.target)]
+    arms |= {name: _settings(args, draft=name) for name in drafts}
     clips = [u.clip(args.max_seconds) for u in utterances]
     store = _store(args)
     table, results = benchmark(Pipeline(store), arms, clips, args.repeats)

@@ -77,7 +77,16 @@ def test_decode_reference_file_errors_are_user_errors(capsys, sample_clips, tmp_
 def test_bench_prints_a_table_and_summary(capsys, speech):
     assert main(["bench", "--clips", "1", "--repeats", "1", "--k", "2", "--draft", "random"]) == 0
     out = capsys.readouterr().out
-    for column in ("decode_speedup", "total_speedup", "rho", "a1", "a2c", "L", "tokens_per_second", "same_tokens_clips"):
+    for column in (
+        "decode_speedup",
+        "total_speedup",
+        "rho",
+        "a1",
+        "a2c",
+        "L",
+        "tokens_per_second",
+        "same_tokens_clips",
+    ):
         assert column in out
     assert sum(line.startswith("stored ") for line in out.splitlines()) == 2  # the greedy and the draft's run
 
