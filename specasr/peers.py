@@ -6,13 +6,12 @@ from typing import Protocol
 
 import numpy as np
 import torch
+from faster_whisper import WhisperModel
 from transformers.modeling_outputs import BaseModelOutput
 
 from specasr.targets import WhisperTarget
-from specasr.targets.builtin import BUILTIN_TARGETS, bundled_ct2_dir
+from specasr.targets.builtin import BUILTIN_TARGETS, TargetUnavailableError, bundled_ct2_dir
 from specasr.targets.whisper import ENCODER_STRIDE, WINDOW_FRAMES
-
-COMPUTE_TYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
 
 
 class Peer(Protocol):
@@ -29,16 +28,14 @@ class FasterWhisper:
     features as its `transcribe` makes them, with the target's prompt."""
 
     def __init__(self, target: WhisperTarget, device: str, dtype: str):
-        from faster_whisper import WhisperModel
-
         if target.name not in BUILTIN_TARGETS:
-            raise ValueError(f"faster-whisper runs the built-in targets' bundled weights only, not {target.name!r}")
+            raise TargetUnavailableError(f"faster-whisper runs the built-in targets' weights only, not {target.name}")
         kind, _, index = device.partition(":")
         self.model = WhisperModel(
             str(bundled_ct2_dir(target.name)),
             device=kind,
             device_index=int(index or 0),
-            compute_type=COMPUTE_TYPES[dtype],
+            compute_type=dtype,  # float32, float16 or bfloat16: the same names in CTranslate2
             cpu_threads=torch.get_num_threads(),
         )
         self.prompt = list(target.prompt)
