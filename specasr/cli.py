@@ -1,4 +1,4 @@
-"""python -m specasr ...: transcribe, decode, align, eval, bench, runs, train, drafts."""
+"""python -m specasr ...: transcribe, decode, align, eval, bench, profile, experiment, runs, train, drafts."""
 
 import argparse
 import json
@@ -23,6 +23,7 @@ from specasr.experiments import AGGREGATION, Grid, run_grid
 from specasr.experiments import tables as experiment_tables
 from specasr.metrics import acceptance, anchor_error_by_depth, word_error_rate
 from specasr.pipeline import Pipeline
+from specasr.profiling import profile_round
 from specasr.store import Store, StoreError, default_db_path
 from specasr.targets import BUILTIN_TARGETS, DTYPES, FRAME_SECONDS, TargetUnavailableError, load_target
 from specasr.trace import DECODERS, Settings, Trace
@@ -315,6 +316,22 @@ def cmd_bench(args: argparse.Namespace) -> None:
         print(f"stored {name} as run {run_id} in {store.path}")
 
 
+def cmd_profile(args: argparse.Namespace) -> None:
+    settings = _settings(args, draft=args.draft)
+    clip = _clip(args.audio, args)
+    pipeline = Pipeline()
+    target, draft = pipeline.target(settings), pipeline.draft(settings)
+    audio = clip.audio[: target.window_samples]
+    memory = target.encode(target.features(audio))
+    table = profile_round(target, draft, memory, target.valid_frames(len(audio)), settings.k, args.repeats)
+    if args.json:
+        print(json.dumps(_records(table)))
+        return
+    print(f"{clip.id}: {settings.target} {settings.device} {settings.dtype}, draft {draft.name} {draft.dtype}")
+    print("ms: median wall time; target_steps: in target steps of one row; the rest: shares of the ops' own time")
+    print(table.to_string(index=False, float_format="%.3f"))
+
+
 def _expand_shipped(draft: str, target: str) -> list[str]:
     """`shipped`: every draft that comes with specasr for the target."""
     if draft != "shipped":
@@ -549,6 +566,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = commands.add_parser("drafts", help="list the drafts that come with specasr")
     p.add_argument("--target", default=None)
     p.set_defaults(run=cmd_drafts)
+
+    p = commands.add_parser("profile", help="where a round's time goes: target step, verification and draft step")
+    p.add_argument("audio")
+    p.add_argument("--repeats", type=int, default=50)
+    p.add_argument("--json", action="store_true", help="print the table as a JSON list of rows")
+    _add_clip_options(p)
+    _add_speculative_options(p)
+    p.set_defaults(run=cmd_profile)
 
     p = commands.add_parser("bench", help="time greedy vs speculative decoding on the same clips")
     p.add_argument("--speech-dir", type=Path, default=DEFAULT_SPEECH_DIR)

@@ -1,0 +1,106 @@
+"""Where a round's time goes: a target step of one row, a verification pass of K + 1 rows and a draft step, each
+timed on its own and profiled op by op, the ops' own time summed by kind over all layers."""
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from specasr.decode import greedy_tokens
+from specasr.draft import Draft
+from specasr.targets import WhisperTarget
+
+KINDS = ("self-attention", "cross-attention", "linear", "lm head", "other")
+MATRIX_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear"}
+ATTENTION_OPS = {"aten::softmax", "aten::_softmax", "aten::bmm", "aten::matmul"}
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """The sizes that tell an op's kind apart: the vocabularies (LM heads) and the audio frames (cross-attention:
+    the target attends all of a window's frames, the draft the valid ones)."""
+
+    vocabularies: frozenset[int]
+    frames: frozenset[int]
+
+
+def op_kind(name: str, input_shapes: list, shapes: Shapes) -> str:
+    """The kind of one profiled op from its name and the sizes of its inputs."""
+    sizes = {size for shape in input_shapes if isinstance(shape, list) for size in shape}
+    if name in MATRIX_OPS and sizes & shapes.vocabularies:
+        return "lm head"
+    if "attention" in name or (name in ATTENTION_OPS and sizes & shapes.frames):
+        return "cross-attention" if sizes & shapes.frames else "self-attention"
+    return "linear" if name in MATRIX_OPS else "other"
+
+
+def _wall_ms(run: Callable[[], None], repeats: int, sync: Callable[[], None]) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        sync()
+        times.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times)
+
+
+def _shares(run: Callable[[], None], repeats: int, shapes: Shapes, device: torch.device) -> dict[str, float]:
+    """Each kind's share of the ops' own time (device time on CUDA, CPU time elsewhere)."""
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities, record_shapes=True) as profiler:
+        for _ in range(repeats):
+            run()
+    totals = dict.fromkeys(KINDS, 0.0)
+    for event in profiler.key_averages(group_by_input_shape=True):
+        own = event.self_device_time_total if device.type == "cuda" else event.self_cpu_time_total
+        totals[op_kind(event.key, event.input_shapes, shapes)] += own
+    spent = sum(totals.values()) or 1.0
+    return {kind: total / spent for kind, total in totals.items()}
+
+
+@torch.inference_mode()
+def profile_round(
+    target: WhisperTarget, draft: Draft, memory: torch.Tensor, valid_frames: int, k: int, repeats: int = 50
+) -> pd.DataFrame:
+    """One row per pass, halfway through the clip's greedy transcript: its median wall time (ms, unprofiled),
+    its cost in target steps of one row, and each kind's share of its ops' time."""
+    tokens = greedy_tokens(target, memory)
+    inputs = torch.tensor([[*target.prompt, *tokens[: len(tokens) // 2]]], device=memory.device)
+    position = inputs.shape[1] - 1
+    cache = target.new_cache(memory)
+    hidden = target.forward(inputs[:, :-1], cache, taps=draft.config.taps).hidden
+    draft_cache = draft.new_cache(memory, valid_frames, target.max_length)
+    draft(hidden[:, :-1], inputs[:, 1:-1], draft_cache)
+    step_features = hidden[:, -1:]
+
+    def target_rows(rows: int) -> Callable[[], None]:
+        block = inputs[:, -1:].repeat(1, rows)
+
+        def run() -> None:
+            cache.length = position
+            target.forward(block, cache, taps=draft.config.taps)
+
+        return run
+
+    def draft_step() -> None:
+        draft_cache.length = position - 1
+        draft.logits(draft(step_features, inputs[:, -1:], draft_cache).hidden[:, -1])
+
+    passes = {"target step (1 row)": target_rows(1), f"verification ({k + 1} rows)": target_rows(k + 1)}
+    passes["draft step"] = draft_step
+    device = memory.device
+    sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
+    vocabularies = frozenset({target.vocab_size, len(draft.config.vocab_ids or ()) or target.vocab_size})
+    shapes = Shapes(vocabularies, frozenset({memory.shape[1], valid_frames}))
+    rows = []
+    for name, run in passes.items():
+        for _ in range(3):  # warm-up
+            run()
+        rows.append({"pass": name, "ms": _wall_ms(run, repeats, sync)} | _shares(run, repeats, shapes, device))
+    table = pd.DataFrame(rows)
+    table.insert(2, "target_steps", table.ms / table.ms.iloc[0])
+    return table
