@@ -184,3 +184,11 @@ def test_no_store_keeps_nothing_and_a_broken_store_is_a_clear_error(capsys, samp
 def test_train_refuses_an_anchor_weight_for_a_draft_without_attention(capsys):
     assert main(["train", "--variant", "no-audio", "--anchor-weight", "0.1"]) == 2
     assert "0 for no-audio" in capsys.readouterr().err
+
+
+def test_profile_prints_one_row_per_pass(capsys, sample_clips):
+    argv = ["profile", str(sample_clips[0].path), "--draft", "random", "--k", "3", "--repeats", "2", "--json"]
+    assert main(argv) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [row["pass"] for row in rows] == ["target step (1 row)", "verification (4 rows)", "draft step"]
+    assert rows[1]["target_steps"] > 0 and rows[0]["lm head"] > 0
