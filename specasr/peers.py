@@ -6,7 +6,6 @@ from typing import Protocol
 
 import numpy as np
 import torch
-from faster_whisper import WhisperModel
 from transformers.modeling_outputs import BaseModelOutput
 
 from specasr.targets import WhisperTarget
@@ -28,6 +27,10 @@ class FasterWhisper:
     features as its `transcribe` makes them, with the target's prompt."""
 
     def __init__(self, target: WhisperTarget, device: str, dtype: str):
+        try:
+            from faster_whisper import WhisperModel  # an optional peer: everything else runs without it
+        except ImportError as error:
+            raise TargetUnavailableError(f"faster-whisper is not installed ({error}); see requirements.txt") from error
         if target.name not in BUILTIN_TARGETS:
             raise TargetUnavailableError(f"faster-whisper runs the built-in targets' weights only, not {target.name}")
         kind, _, index = device.partition(":")
