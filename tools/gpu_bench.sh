@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Benchmark the shipped drafts and time draft training on a lent GPU machine (README, "GPU host").
+# Benchmark the shipped drafts, time them beside the peer decoders, profile a round and time draft training on a
+# lent GPU machine (README, "GPU host").
 # `python -m tools.gpu_stage` packs the converted weights, the evaluation clips, missing wheels, one shard of
 # training features and the sentence corpus into .devcarry/p1, p2, ... and .devcarry/last; each pN travels in a
 # call of its own (`mkdir -p /tmp/stage && cp -r .devcarry/pN/. /tmp/stage/`) and this final call, carrying
@@ -12,6 +13,17 @@ for run in ${RUNS:-4:2 2:1}; do  # K:repeats
             --data $stage/speech --clips ${CLIPS:-78} --k ${run%:*} --repeats ${run#*:} --db $out/runs.duckdb 2>&1 \
             | grep -v -E "$quiet" | tee -a $out/evaluate.txt || echo "FAILED: $target $run"
     done
+done
+peers=transformers  # faster-whisper too where its wheels were staged (.whl: faster-whisper, ctranslate2)
+python3 -c "import faster_whisper" 2>/dev/null && peers=faster-whisper,transformers
+clip=$(ls $stage/speech/audio/* | head -1)
+for target in whisper-tiny.en whisper-base; do
+    python3 -m specasr bench --device cuda --dtype float16 --target $target --draft shipped --peers $peers \
+        --speech-dir $stage/speech --clips ${BENCH_CLIPS:-20} --repeats 3 --db $out/runs.duckdb 2>&1 \
+        | grep -v -E "$quiet" | tee -a $out/peers.txt || echo "FAILED: peers $target"
+    python3 -m specasr profile "$clip" --device cuda --dtype float16 --target $target \
+        --draft $target/anchordraft --k 4 2>&1 | grep -v -E "$quiet|profiler_st" | tee -a $out/profile.txt \
+        || echo "FAILED: profile $target"
 done
 start=$(date +%s.%N)
 python3 -m specasr train --target whisper-tiny.en --device cuda --variant anchordraft --real 0 --espeak 0 \
