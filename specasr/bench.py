@@ -8,7 +8,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from specasr.audio import Clip
-from specasr.metrics import acceptance, rho
+from specasr.metrics import acceptance, predicted_round_speedup, rho
 from specasr.pipeline import Pipeline
 from specasr.trace import Settings, Trace
 
@@ -87,7 +87,8 @@ def benchmark(
 
 def summary(table: pd.DataFrame, results: dict[str, ArmResult]) -> pd.DataFrame:
     """One row per arm: speedups over our greedy loop (median over clips and pooled over time), seconds per clip,
-    decode-phase tokens per second, clips with our greedy's tokens and, for speculative arms, acceptance and rho.
+    decode-phase tokens per second, clips with our greedy's tokens and, for speculative arms, acceptance, rho and
+    the cost model's decode speedup (1 + L) / (1 + K rho), to hold against the measured one.
 
     Acceptance is counted on the first repetition (every repetition decodes the same tokens); rho on all of them.
     """
@@ -107,7 +108,8 @@ def summary(table: pd.DataFrame, results: dict[str, ArmResult]) -> pd.DataFrame:
         }
         if result.settings.draft is not None:
             first = [t for t, repeat in zip(result.traces, result.repeats, strict=True) if repeat == 0]
-            accepted = acceptance(first)
-            row |= {"L": accepted.L, "a1": accepted.a1, "a2c": accepted.a2c, "rho": rho(result.traces)}
+            accepted, measured_rho = acceptance(first), rho(result.traces)
+            row |= {"L": accepted.L, "a1": accepted.a1, "a2c": accepted.a2c, "rho": measured_rho}
+            row["cost_model_speedup"] = predicted_round_speedup(accepted.L, result.settings.k, measured_rho)
         rows.append(row)
     return pd.DataFrame(rows)

@@ -99,7 +99,9 @@ def test_bench_times_peers_beside_our_loops_as_json(capsys, speech):
     assert list(summary) == ["greedy", "transformers", "random"] and set(record["runs"]) == set(summary)
     assert summary["greedy"]["decode_speedup_pooled"] == 1.0 and summary["greedy"]["L"] is None
     assert summary["transformers"]["same_tokens_clips"] == 1  # the same weights and features as our greedy loop
-    assert summary["random"]["same_tokens_clips"] == 1 and summary["random"]["L"] >= 0
+    random = summary["random"]
+    assert random["same_tokens_clips"] == 1 and random["L"] >= 0
+    assert random["cost_model_speedup"] == pytest.approx((1 + random["L"]) / (1 + 2 * random["rho"]))
     assert [row["arm"] for row in record["clips"]] == list(summary)
     with pytest.raises(SystemExit):
         main(["bench", "--peers", "whisper.cpp"])
