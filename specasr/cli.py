@@ -328,7 +328,7 @@ def cmd_profile(args: argparse.Namespace) -> None:
         print(json.dumps(_records(table)))
         return
     print(f"{clip.id}: {settings.target} {settings.device} {settings.dtype}, draft {draft.name} {draft.dtype}")
-    print("ms: median wall time; target_steps: in target steps of one row; the rest: shares of the ops' own time")
+    print("ms: median time of a pass; target_steps: in target steps of one row; the rest: shares of the ops' own time")
     print(table.to_string(index=False, float_format="%.3f"))
 
 

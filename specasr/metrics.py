@@ -210,6 +210,8 @@ def bootstrap(
     if len(sizes) != 1 or not sizes.pop():
         raise ValueError(f"arms must be matched and non-empty, got {[len(arm) for arm in arms]} utterances")
     estimate = _defined(statistic, arms)
+    if len(arms[0]) == 1:  # every draw takes the one utterance again: no spread to estimate
+        return Interval(estimate, float(estimate), float(estimate))
     rng = np.random.default_rng(seed)
     values = []
     for _ in range(draws):

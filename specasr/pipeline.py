@@ -71,8 +71,16 @@ class Pipeline:
         """The settings as a decode runs them: a greedy decode carries no draft settings, a speculative one names
         its draft's precision and, with the runtime window, its layer."""
         if settings.draft is None:
-            greedy = replace(settings, k=0, window="unrestricted", half_width_ms=0.0, runtime_layer=None, threshold=0.0)
-            return greedy if settings.decoder == "specasr" else replace(greedy, verify_peaks=False)
+            peaks = settings.verify_peaks and settings.decoder == "specasr"  # peers record no attention
+            return replace(
+                settings,
+                k=0,
+                window="unrestricted",
+                half_width_ms=0.0,
+                runtime_layer=None,
+                threshold=0.0,
+                verify_peaks=peaks,
+            )
         layer = settings.runtime_layer
         if settings.window in RUNTIME_WINDOWS and layer is None:
             layer = self.target(settings).runtime_layer

@@ -2,7 +2,6 @@
 timed on its own and profiled op by op, the ops' own time summed by kind over all layers."""
 
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -10,7 +9,7 @@ import pandas as pd
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from specasr.decode import greedy_tokens
+from specasr.decode import Stopwatch, greedy_tokens
 from specasr.draft import Draft
 from specasr.targets import WhisperTarget
 
@@ -38,13 +37,13 @@ def op_kind(name: str, input_shapes: list, shapes: Shapes) -> str:
     return "linear" if name in MATRIX_OPS else "other"
 
 
-def _wall_ms(run: Callable[[], None], repeats: int, sync: Callable[[], None]) -> float:
+def _median_ms(run: Callable[[], None], repeats: int, device: torch.device) -> float:
+    stopwatch = Stopwatch(device)
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = stopwatch.mark()
         run()
-        sync()
-        times.append(time.perf_counter() - start)
+        times.append(stopwatch.seconds(start, stopwatch.mark()))
     return 1000 * statistics.median(times)
 
 
@@ -66,8 +65,8 @@ def _shares(run: Callable[[], None], repeats: int, shapes: Shapes, device: torch
 def profile_round(
     target: WhisperTarget, draft: Draft, memory: torch.Tensor, valid_frames: int, k: int, repeats: int = 50
 ) -> pd.DataFrame:
-    """One row per pass, halfway through the clip's greedy transcript: its median wall time (ms, unprofiled),
-    its cost in target steps of one row, and each kind's share of its ops' time."""
+    """One row per pass, halfway through the clip's greedy transcript: its median time (ms, unprofiled; CUDA events
+    on a GPU), its cost in target steps of one row, and each kind's share of its ops' time."""
     tokens = greedy_tokens(target, memory)
     inputs = torch.tensor([[*target.prompt, *tokens[: len(tokens) // 2]]], device=memory.device)
     position = inputs.shape[1] - 1
@@ -93,14 +92,13 @@ def profile_round(
     passes = {"target step (1 row)": target_rows(1), f"verification ({k + 1} rows)": target_rows(k + 1)}
     passes["draft step"] = draft_step
     device = memory.device
-    sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
     vocabularies = frozenset({target.vocab_size, len(draft.config.vocab_ids or ()) or target.vocab_size})
     shapes = Shapes(vocabularies, frozenset({memory.shape[1], valid_frames}))
     rows = []
     for name, run in passes.items():
         for _ in range(3):  # warm-up
             run()
-        rows.append({"pass": name, "ms": _wall_ms(run, repeats, sync)} | _shares(run, repeats, shapes, device))
+        rows.append({"pass": name, "ms": _median_ms(run, repeats, device)} | _shares(run, repeats, shapes, device))
     table = pd.DataFrame(rows)
     table.insert(2, "target_steps", table.ms / table.ms.iloc[0])
     return table

@@ -124,16 +124,15 @@ def drift_figure(
             row=2,
             col=1,
         )
-    verified = [v for v in trace.verified if layer < len(v.verify_peaks)]
-    if verified:
+    if verification:
         figure.add_scatter(
-            x=[v.verify_peaks[layer] * FRAME_SECONDS for v in verified],
-            y=[v.position for v in verified],
+            x=[peak * FRAME_SECONDS for peak in verification.values()],
+            y=list(verification),
             mode="lines+markers",
             name=f"target verification peak (layer {layer})",
             line={"color": VERIFIED, "width": 1},
             marker={"size": 5},
-            customdata=[[label.get(v.position, v.position), _ms(v.verify_peaks[layer])] for v in verified],
+            customdata=[[label.get(position, position), _ms(peak)] for position, peak in verification.items()],
             hovertemplate="token %{customdata[0]}<br>verification peak %{customdata[1]}<extra></extra>",
             row=2,
             col=1,
