@@ -17,7 +17,7 @@ from specasr.align import ALIGNERS, AlignerUnavailableError, AlignmentError, get
 from specasr.audio import DEFAULT_MAX_SECONDS, AudioError, Clip, load_audio
 from specasr.bench import benchmark, summary
 from specasr.cache import cache_dir
-from specasr.dataset import DEFAULT_SPEECH_DIR, load_manifest, spread
+from specasr.dataset import DEFAULT_SPEECH_DIR, load_manifest, load_utterances, spread
 from specasr.draft import DraftMismatchError, shipped_drafts
 from specasr.experiments import AGGREGATION, Grid, run_grid
 from specasr.experiments import tables as experiment_tables
@@ -359,7 +359,7 @@ def cmd_experiment(args: argparse.Namespace) -> None:
         grid.cells()  # checks every cell's settings before any work
     except ValueError as error:
         raise UsageError(str(error)) from error
-    utterances = spread(load_manifest(args.data), args.clips)
+    utterances = spread(load_utterances(args.data), args.clips)
     clips = [u.clip(args.max_seconds) for u in utterances]
     sets = {clip.hash: u.subset for clip, u in zip(clips, utterances, strict=True)}
     store = Store(args.db)
@@ -455,7 +455,7 @@ def cmd_train(args: argparse.Namespace) -> None:
         raise UsageError(str(error)) from error
     aligner = get_aligner(args.aligner)
     target = load_target(args.target, args.device, args.dtype)
-    sources = training_sources(args.real, args.espeak, args.hibari, args.seed)
+    sources = training_sources(args.real, args.real_2, args.espeak, args.hibari, args.seed)
     rank, _ = distributed()
     if rank == 0:  # one process fills the feature cache; under torchrun the others wait, then read it
         examples = prepare_examples(target, sources, aligner)
@@ -463,8 +463,11 @@ def cmd_train(args: argparse.Namespace) -> None:
         dist.barrier()
     if rank != 0:
         examples = prepare_examples(target, sources, aligner)
+    if args.prepare_only:
+        print(f"feature cache ready: {len(examples)} examples from {sum(s.count for s in sources)} clips")
+        return
     out = args.out or cache_dir() / "drafts" / target.name / config.variant
-    described = {source.name: source.settings for source in sources}
+    described = {source.name: {**source.settings, "count": source.count} for source in sources}
     draft = train(target, examples, config, out, data_hash(examples), described)
     if rank == 0:
         print(f"{draft.name} trained on {len(examples)} examples; saved in {out}")
@@ -533,7 +536,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_runs)
 
     p = commands.add_parser("experiment", help="a grid of drafts x windows x K x thresholds, kept in the store")
-    p.add_argument("--data", type=Path, default=DEFAULT_SPEECH_DIR, help="a manifest.tsv or its folder")
+    p.add_argument(
+        "--data",
+        default=DEFAULT_SPEECH_DIR,
+        help="a manifest.tsv or its folder; heldout: the held-out clips of ../shared/data/train-speech-2",
+    )
     p.add_argument("--clips", type=int, default=20, help="N clips spread evenly over the manifest")
     p.add_argument("--repeats", type=int, default=1)
     _add_clip_options(p)
@@ -556,11 +563,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--anchor-weight", type=float, default=None, help="lambda (default: 0.1 anchordraft, 0 control)")
     p.add_argument("--feature-noise", type=float, default=0.6, help="input-feature noise, in feature stds")
     p.add_argument("--real", type=int, default=251, help="clips of ../shared/data/train-speech")
+    p.add_argument(
+        "--real-2", type=int, default=0, help="clips of ../shared/data/train-speech-2 (its held-out clips never)"
+    )
     p.add_argument("--espeak", type=int, default=400, help="espeak-ng sentences from ../shared/data/text")
     p.add_argument("--hibari", type=int, default=200, help="hibari-tts sentences from ../shared/data/text")
     p.add_argument("--aligner", default="pocketsphinx", choices=list(ALIGNERS))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None, help="default: cache/drafts/TARGET/VARIANT")
+    p.add_argument("--prepare-only", action="store_true", help="build the feature cache and stop")
     p.set_defaults(run=cmd_train)
 
     p = commands.add_parser("drafts", help="list the drafts that come with specasr")

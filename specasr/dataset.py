@@ -9,6 +9,8 @@ from specasr.audio import DEFAULT_MAX_SECONDS, Clip, load_audio
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 DEFAULT_SPEECH_DIR = SHARED_DATA / "speech"  # evaluation only: never trained or tuned on
 TRAIN_SPEECH_DIR = SHARED_DATA / "train-speech"  # untranscribed, for training and tuning
+TRAIN_SPEECH_2_DIR = SHARED_DATA / "train-speech-2"  # more training speech; a held-out part is kept for tuning
+HELDOUT_IDS = Path(__file__).with_name("heldout-train-speech-2.txt")
 
 
 @dataclass(frozen=True)
@@ -59,3 +61,17 @@ def evaluation_set(utterance_id: str) -> str:
 def spread(utterances: list[Utterance], count: int) -> list[Utterance]:
     """`count` utterances taken at even steps through the list, so that every source of a manifest shows up."""
     return utterances[:: max(1, len(utterances) // count)][:count]
+
+
+def heldout_ids() -> frozenset[str]:
+    """The clips of train-speech-2 that drafts never train on, kept to choose training settings: 20 speechocean762
+    clips of 20 speakers, 20 VCTK clips of 4 speakers and the 7 ARCTIC clips."""
+    return frozenset(HELDOUT_IDS.read_text().split())
+
+
+def load_utterances(data: Path | str) -> list[Utterance]:
+    """A manifest's rows, or with `heldout` the held-out clips of train-speech-2."""
+    if str(data) == "heldout":
+        held = heldout_ids()
+        return [u for u in load_manifest(TRAIN_SPEECH_2_DIR) if u.id in held]
+    return load_manifest(Path(data))

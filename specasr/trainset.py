@@ -6,28 +6,39 @@ frame per token: from the synthesizer's own word times (espeak-ng's events, hiba
 synthesized speech whose transcript matches the text spoken, otherwise from forced alignment of the transcript.
 """
 
-import functools
 import hashlib
 import json
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from specasr.align import Aligner, align_tokens, frames_from_words, normalize_for_alignment
 from specasr.audio import Clip, load_audio
 from specasr.cache import cache_dir
-from specasr.dataset import TRAIN_SPEECH_DIR, load_manifest
+from specasr.dataset import TRAIN_SPEECH_2_DIR, TRAIN_SPEECH_DIR, Utterance, heldout_ids, load_manifest
 from specasr.decode import greedy_tokens
 from specasr.targets import WhisperTarget
 
-FEATURE_VERSION = 1
+FEATURE_VERSION = 2  # 2: shards list their clips; every synthetic clip has its own generator
 SHARD_SIZE = 64
 SENTENCES = TRAIN_SPEECH_DIR.parent / "text" / "sentences.txt"
+
+
+@dataclass
+class Source:
+    """A named stream of training clips: clip(n) makes the n-th, and the first `count` are used. Its settings decide
+    the clips and name its cache folder; the count does not, so a longer source reuses a shorter one's cache."""
+
+    name: str
+    settings: dict
+    count: int
+    clip: Callable[[int], Clip]
 
 
 @dataclass
@@ -39,23 +50,39 @@ class Example:
     memory: torch.Tensor  # (valid_frames, d_model): encoder output over the real audio
 
 
-def real_clips(speech_dir: Path = TRAIN_SPEECH_DIR, limit: int | None = None) -> Iterator[Clip]:
-    for utterance in load_manifest(speech_dir)[:limit]:
-        yield Clip(utterance.id, load_audio(utterance.path), dataset=speech_dir.name)
+def real_source(name: str, utterances: list[Utterance], count: int, settings: dict | None = None) -> Source:
+    """The first `count` utterances as clips (all of them if fewer)."""
+
+    def clip(n: int) -> Clip:
+        return Clip(utterances[n].id, load_audio(utterances[n].path), dataset=name)
+
+    return Source(name, settings or {}, min(count, len(utterances)), clip)
 
 
-def synthetic_clips(count: int, seed: int = 0, tts: str = "espeak", sentences: Path = SENTENCES) -> Iterator[Clip]:
-    """Synthesized speech of `count` sentences drawn with `seed`, with light noise. espeak-ng: its voices in turn,
-    varied rate and pitch; hibari-tts: its one voice at varied speed, speaking sentences from the other end of the
-    same shuffled order, so that the two never share a sentence."""
+def train_speech_2(seed: int = 0) -> list[Utterance]:
+    """train-speech-2 without its held-out clips, in an order drawn with `seed`, so any first part is a sample."""
+    held = heldout_ids()
+    utterances = [u for u in load_manifest(TRAIN_SPEECH_2_DIR) if u.id not in held]
+    return [utterances[i] for i in np.random.default_rng(seed).permutation(len(utterances))]
+
+
+def synthetic_source(tts: str, count: int, seed: int = 0, sentences: Path = SENTENCES) -> Source:
+    """Synthesized speech of sentences drawn with `seed`, with light noise. espeak-ng: its voices in turn, varied rate
+    and pitch; hibari-tts: its one voice at varied speed, speaking sentences from the other end of the same shuffled
+    order, so that the two never share a sentence. Each clip draws from its own generator, so any clip can be made
+    without the ones before it."""
     from specasr.tts import ENGLISH_VOICES, synthesize_espeak, synthesize_hibari
 
     if tts not in ("espeak", "hibari"):
         raise ValueError(f"unknown synthesizer {tts!r}; choose espeak or hibari")
     lines = [line.strip() for line in sentences.read_text().splitlines() if line.strip()]
-    rng = np.random.default_rng(seed)
-    order = rng.permutation(len(lines))
-    for n, index in enumerate(order[:count] if tts == "espeak" else order[::-1][:count]):
+    order = np.random.default_rng(seed).permutation(len(lines))
+    if tts == "hibari":
+        order = order[::-1]
+
+    def clip(n: int) -> Clip:
+        index = int(order[n])
+        rng = np.random.default_rng([seed, index])
         if tts == "espeak":
             voice = ENGLISH_VOICES[n % len(ENGLISH_VOICES)]
             rate, pitch = int(rng.integers(130, 200)), int(rng.integers(30, 70))
@@ -63,11 +90,13 @@ def synthetic_clips(count: int, seed: int = 0, tts: str = "espeak", sentences: P
             name = f"espeak-{index}-{voice}"
         else:
             speed = round(float(rng.uniform(0.8, 1.25)), 2)
-            speech = synthesize_hibari(lines[index], speed=speed, seed=int(index))
+            speech = synthesize_hibari(lines[index], speed=speed, seed=index)
             name = f"hibari-{index}-{speed}"
         noise_db = rng.uniform(-50, -35)  # relative to full scale
         audio = speech.audio + rng.normal(0, 10 ** (noise_db / 20), speech.audio.size).astype(np.float32)
-        yield Clip(name, audio, dataset=tts, words=tuple(speech.words))
+        return Clip(name, audio, dataset=tts, words=tuple(speech.words))
+
+    return Source(tts, {"seed": seed}, min(count, len(lines)), clip)
 
 
 def _reference_frames(target: WhisperTarget, clip: Clip, tokens: list[int], aligner: Aligner) -> list[int | None]:
@@ -102,25 +131,36 @@ def _shard_path(folder: Path, index: int) -> Path:
     return folder / f"shard-{index:04d}.safetensors"
 
 
-def write_shard(path: Path, examples: list[Example]) -> None:
-    """One shard file, written under a temporary name and renamed, so a killed write leaves nothing."""
+def write_shard(path: Path, examples: list[Example], clips: list[str]) -> None:
+    """One shard file for the clips `clips` (their examples: a clip without words has none), written under a
+    temporary name and renamed, so a killed write leaves nothing."""
     tensors = {}
     for i, example in enumerate(examples):
         tensors[f"{i}.hidden"] = example.hidden.contiguous()
         tensors[f"{i}.memory"] = example.memory.contiguous()
     rows = [{"id": e.id, "tokens": e.tokens, "frames": e.frames} for e in examples]
     scratch = path.with_suffix(".tmp")
-    save_file(tensors, scratch, metadata={"examples": json.dumps(rows)})
+    save_file(tensors, scratch, metadata={"examples": json.dumps(rows), "clips": json.dumps(clips)})
     scratch.rename(path)
 
 
-def read_shard(path: Path) -> list[Example]:
-    from safetensors import safe_open
-
+def shard_clips(path: Path) -> list[str]:
+    """The ids of the clips a shard was made from, in order."""
     with safe_open(path, "pt") as f:
-        rows = json.loads(f.metadata()["examples"])
+        return json.loads(f.metadata()["clips"])
+
+
+def read_shard(path: Path, clips: int | None = None) -> list[Example]:
+    """The examples of a shard's first `clips` clips (all by default)."""
+    with safe_open(path, "pt") as f:
+        metadata = f.metadata()
+    rows, wanted = json.loads(metadata["examples"]), set(json.loads(metadata["clips"])[:clips])
     tensors = load_file(path)
-    return [Example(**row, hidden=tensors[f"{i}.hidden"], memory=tensors[f"{i}.memory"]) for i, row in enumerate(rows)]
+    return [
+        Example(**row, hidden=tensors[f"{i}.hidden"], memory=tensors[f"{i}.memory"])
+        for i, row in enumerate(rows)
+        if row["id"] in wanted
+    ]
 
 
 def feature_key(source: str, settings: dict) -> tuple[str, str]:
@@ -129,38 +169,48 @@ def feature_key(source: str, settings: dict) -> tuple[str, str]:
     return key, f"{source}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
 
 
-def feature_cache(target: WhisperTarget, source: str, settings: dict) -> Path:
+def feature_cache(target: WhisperTarget, source: Source) -> Path:
     """The cache folder for one target and one data source; any change of settings gets a new folder."""
-    key, name = feature_key(source, settings)
+    key, name = feature_key(source.name, source.settings)
     folder = cache_dir() / "train" / target.name.replace("/", "_") / name
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "settings.json").write_text(key)
     return folder
 
 
-def build_cache(target: WhisperTarget, clips: Iterable[Clip], count: int, folder: Path, aligner: Aligner) -> Path:
-    """Fill `folder` shard by shard; shards already there are kept, so an interrupted build resumes."""
-    shards = -(-count // SHARD_SIZE)
-    if all(_shard_path(folder, shard).exists() for shard in range(shards)):
-        return folder  # complete: reuse it without producing a single clip
-    clips = iter(clips)
-    progress = tqdm(total=count, desc=f"features {target.name} {folder.name}", unit="clip")
-    for shard in range(shards):
-        n = min(SHARD_SIZE, count - shard * SHARD_SIZE)
-        path = _shard_path(folder, shard)
-        if path.exists():
-            for _ in range(n):  # skip the clips this shard holds
-                next(clips)
-        else:
-            examples = [make_example(target, next(clips), aligner) for _ in range(n)]
-            write_shard(path, [e for e in examples if e is not None])
-        progress.update(n)
-    progress.close()
+def _shard_spans(count: int) -> list[tuple[int, int]]:
+    """(first clip, clips) of each shard holding the first `count` clips."""
+    return [(first, min(SHARD_SIZE, count - first)) for first in range(0, count, SHARD_SIZE)]
+
+
+def build_cache(target: WhisperTarget, source: Source, aligner: Aligner) -> Path:
+    """Fill the source's cache folder with shards for its first `count` clips. Shards already holding their clips
+    are kept, so an interrupted build resumes and a longer source only makes the clips a shorter one lacked (a
+    shorter last shard is made again in full)."""
+    folder = feature_cache(target, source)
+    missing = [
+        (index, first, n)
+        for index, (first, n) in enumerate(_shard_spans(source.count))
+        if not _shard_path(folder, index).exists() or len(shard_clips(_shard_path(folder, index))) < n
+    ]
+    if not missing:
+        return folder
+    total = sum(n for _, _, n in missing)
+    with tqdm(total=total, desc=f"features {target.name} {source.name}", unit="clip") as progress:
+        for index, first, n in missing:
+            clips, examples = [], []
+            for position in range(first, first + n):
+                clip = source.clip(position)
+                clips.append(clip.id)
+                examples.append(make_example(target, clip, aligner))
+                progress.update()
+            write_shard(_shard_path(folder, index), [e for e in examples if e is not None], clips)
     return folder
 
 
-def load_examples(folders: list[Path]) -> list[Example]:
-    return [e for folder in folders for path in sorted(folder.glob("shard-*.safetensors")) for e in read_shard(path)]
+def load_examples(folder: Path, count: int) -> list[Example]:
+    """The examples of a cache folder's first `count` clips."""
+    return [e for index, (_, n) in enumerate(_shard_spans(count)) for e in read_shard(_shard_path(folder, index), n)]
 
 
 def data_hash(examples: list[Example]) -> str:
@@ -171,34 +221,18 @@ def data_hash(examples: list[Example]) -> str:
     return digest.hexdigest()
 
 
-@dataclass
-class Source:
-    """A named stream of training clips; its settings decide which cache folder it fills."""
-
-    name: str
-    settings: dict
-    count: int
-    clips: Callable[[], Iterator[Clip]]
-
-
-def training_sources(real: int, espeak: int, hibari: int, seed: int = 0) -> list[Source]:
-    """Real untranscribed speech (../shared/data/train-speech) and espeak-ng and hibari-tts speech of the sentence
-    corpus."""
-    sources = []
-    if real:
-        real = min(real, len(load_manifest(TRAIN_SPEECH_DIR)))
-        sources.append(Source("train-speech", {"count": real}, real, lambda: real_clips(limit=real)))
-    for tts, count in (("espeak", espeak), ("hibari", hibari)):
-        if count:
-            clips = functools.partial(synthetic_clips, count, seed, tts)
-            sources.append(Source(tts, {"count": count, "seed": seed}, count, clips))
-    return sources
+def training_sources(real: int, real_2: int, espeak: int, hibari: int, seed: int = 0) -> list[Source]:
+    """Real speech (../shared/data/train-speech, then train-speech-2 without its held-out clips) and espeak-ng and
+    hibari-tts speech of the sentence corpus."""
+    sources = [
+        real_source("train-speech", load_manifest(TRAIN_SPEECH_DIR), real),
+        real_source("train-speech-2", train_speech_2(seed), real_2, {"seed": seed, "heldout": len(heldout_ids())}),
+        synthetic_source("espeak", espeak, seed),
+        synthetic_source("hibari", hibari, seed),
+    ]
+    return [source for source in sources if source.count]
 
 
 def prepare_examples(target: WhisperTarget, sources: list[Source], aligner: Aligner) -> list[Example]:
-    """Build (or reuse) each source's cache for this target and load every example."""
-    folders = [
-        build_cache(target, source.clips(), source.count, feature_cache(target, source.name, source.settings), aligner)
-        for source in sources
-    ]
-    return load_examples(folders)
+    """Build (or reuse) each source's cache for this target and load the examples of its first `count` clips."""
+    return [e for source in sources for e in load_examples(build_cache(target, source, aligner), source.count)]

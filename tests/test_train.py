@@ -118,10 +118,10 @@ def test_train_config_gives_the_anchor_width_in_time_and_lambda_per_variant():
 @pytest.fixture(scope="module")
 def examples(tiny_en, speech):
     from specasr.align import get_aligner
-    from specasr.trainset import make_example, real_clips, synthetic_clips
+    from specasr.trainset import make_example, training_sources
 
-    clips = [*real_clips(limit=2), *synthetic_clips(2, seed=0), *synthetic_clips(1, seed=0, tts="hibari")]
-    return [make_example(tiny_en, clip, get_aligner()) for clip in clips]
+    sources = training_sources(real=2, real_2=0, espeak=2, hibari=1)
+    return [make_example(tiny_en, source.clip(n), get_aligner()) for source in sources for n in range(source.count)]
 
 
 def test_examples_hold_the_targets_view_of_each_clip(examples, tiny_en):
@@ -138,7 +138,7 @@ def test_examples_hold_the_targets_view_of_each_clip(examples, tiny_en):
 def test_shards_round_trip_and_a_killed_write_leaves_nothing(examples, tmp_path, monkeypatch):
     from specasr import trainset
 
-    trainset.write_shard(tmp_path / "shard-0000.safetensors", examples)
+    trainset.write_shard(tmp_path / "shard-0000.safetensors", examples, [e.id for e in examples])
     loaded = trainset.read_shard(tmp_path / "shard-0000.safetensors")
     assert [e.id for e in loaded] == [e.id for e in examples]
     assert all(torch.equal(a.hidden, b.hidden) and a.frames == b.frames for a, b in zip(loaded, examples, strict=True))
@@ -149,7 +149,7 @@ def test_shards_round_trip_and_a_killed_write_leaves_nothing(examples, tmp_path,
 
     monkeypatch.setattr(trainset, "save_file", killed)
     with pytest.raises(KeyboardInterrupt):
-        trainset.write_shard(tmp_path / "shard-0001.safetensors", examples)
+        trainset.write_shard(tmp_path / "shard-0001.safetensors", examples, [e.id for e in examples])
     assert sorted(p.name for p in tmp_path.glob("shard-*.safetensors")) == ["shard-0000.safetensors"]
 
 

@@ -5,8 +5,7 @@ with the final call, which runs the job's script (tools/gpu_setup.sh joins and c
 weights and caches in place first).
 
   bench (tools/gpu_bench.sh): both targets' converted weights, the evaluation clips, and one
-    shard of cached training features (the first 64 hibari-tts clips of tiny.en, filed as the 64-clip source it
-    equals) to time training there.
+    shard of cached training features (the first 64 hibari-tts clips of tiny.en) to time training there.
   train (tools/gpu_train.sh): tiny.en's weights and its whole feature cache for the default training sources,
     to train the three drafts there at full scale.
 
@@ -25,7 +24,7 @@ from pathlib import Path
 from specasr.cache import cache_dir
 from specasr.dataset import DEFAULT_SPEECH_DIR, TRAIN_SPEECH_DIR, load_manifest, spread
 from specasr.targets.builtin import BUILTIN_TARGETS, builtin_model_dir
-from specasr.trainset import SENTENCES, SHARD_SIZE, feature_key, training_sources
+from specasr.trainset import SENTENCES, SHARD_SIZE, Source, feature_key, training_sources
 
 WHEELS = Path(".whl")
 TRAIN_TARGET = "whisper-tiny.en"
@@ -49,31 +48,28 @@ def split(relative: str, data: bytes, step: int = 1024 * 1024) -> list[tuple[str
     return [(f"{relative}.sha256", f"{digest}  {name}\n".encode()), *parts]
 
 
-def training_shard(target: str = TRAIN_TARGET) -> list[tuple[str, bytes]]:
-    """The first shard of the 200-clip hibari cache holds exactly the clips a 64-clip hibari source would."""
-    (full_source,) = training_sources(real=0, espeak=0, hibari=200)
-    (small_source,) = training_sources(real=0, espeak=0, hibari=SHARD_SIZE)
-    _, full = feature_key(full_source.name, full_source.settings)
-    key, small = feature_key(small_source.name, small_source.settings)
-    shard = (cache_dir() / "train" / target / full / "shard-0000.safetensors").read_bytes()
-    return [
-        (f"train/{target}/{small}/shard-0000.safetensors", shard),
-        (f"train/{target}/{small}/settings.json", key.encode()),
+def cache_files(source: Source, target: str, shards: int) -> list[tuple[str, bytes]]:
+    """The settings and first `shards` shards of a source's feature cache; refuses a cache that lacks them."""
+    key, name = feature_key(source.name, source.settings)
+    folder = cache_dir() / "train" / target / name
+    paths = [folder / f"shard-{index:04d}.safetensors" for index in range(shards)]
+    if not all(path.exists() for path in paths):
+        raise SystemExit(f"{folder} is incomplete: run `python -m specasr train --target {target} --prepare-only`")
+    return [(f"train/{target}/{name}/settings.json", key.encode())] + [
+        (f"train/{target}/{name}/{path.name}", path.read_bytes()) for path in paths
     ]
 
 
+def training_shard(target: str = TRAIN_TARGET) -> list[tuple[str, bytes]]:
+    """The first shard of the hibari-tts cache: the 64 clips `train --hibari 64` reads."""
+    (source,) = training_sources(real=0, real_2=0, espeak=0, hibari=SHARD_SIZE)
+    return cache_files(source, target, 1)
+
+
 def training_cache(target: str = TRAIN_TARGET) -> list[tuple[str, bytes]]:
-    """Every file of the target's feature cache for the default training sources (`python -m specasr train`'s
-    --real 251 --espeak 400 --hibari 200); refuses an incomplete one."""
-    items = []
-    for source in training_sources(real=251, espeak=400, hibari=200):
-        _, name = feature_key(source.name, source.settings)
-        folder = cache_dir() / "train" / target / name
-        shards = sorted(folder.glob("shard-*.safetensors"))
-        if len(shards) != -(-source.count // SHARD_SIZE):
-            raise SystemExit(f"{folder} is incomplete: run `python -m specasr train --target {target}` here first")
-        items += [(f"train/{target}/{name}/{p.name}", p.read_bytes()) for p in [folder / "settings.json", *shards]]
-    return items
+    """The target's feature cache for `python -m specasr train`'s default sources."""
+    sources = training_sources(real=251, real_2=0, espeak=400, hibari=200)
+    return [item for source in sources for item in cache_files(source, target, -(-source.count // SHARD_SIZE))]
 
 
 def evaluation_clips(count: int) -> list[tuple[str, bytes]]:
