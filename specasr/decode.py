@@ -146,13 +146,26 @@ def accepted_length(proposed: list[int], choices: list[int], eot: int) -> int:
     return len(proposed)
 
 
+def _read(tensors: list[Tensor]) -> list[list[int]]:
+    """Several small integer tensors copied to the host at once: a round's one wait for the device."""
+    flat = torch.cat([t.reshape(-1).long() for t in tensors]).tolist()
+    sizes = [t.numel() for t in tensors]
+    return [flat[sum(sizes[:i]) : sum(sizes[: i + 1])] for i in range(len(tensors))]
+
+
 class _SpeculativeLoop:
+    """One segment's rounds, each of fixed shapes after the first: the draft catches up over K + 1 positions (the
+    ones the last verification accepted, then padding) and takes K - 1 single steps; the target verifies K + 1
+    tokens. Proposals past a threshold stop or the length limit are computed and dropped. Window centres and masks
+    are computed on the device; the host reads the device once per round."""
+
     def __init__(self, target, draft, memory, valid_frames, settings, reference, origin):
         self.target, self.draft, self.settings, self.origin = target, draft, settings, origin
         self.device = memory.device
-        self.policy = WindowPolicy(settings.window, settings.half_width_ms, valid_frames, reference)
-        self.target_cache = target.new_cache(memory)
-        self.draft_cache = draft.new_cache(memory, valid_frames, target.max_length)
+        self.policy = WindowPolicy(settings.window, settings.half_width_ms, valid_frames, reference, self.device)
+        capacity = target.max_length + settings.k + 1  # the last block's padding runs past the length limit
+        self.target_cache = target.new_cache(memory, capacity)
+        self.draft_cache = draft.new_cache(memory, valid_frames, capacity)
         runtime_layer = settings.runtime_layer if settings.runtime_layer is not None else target.runtime_layer
         if not 0 <= runtime_layer < target.n_layers:
             raise ValueError(f"runtime layer {runtime_layer} outside the target's {target.n_layers} decoder layers")
@@ -169,115 +182,131 @@ class _SpeculativeLoop:
             block, self.target_cache, taps=self.draft.config.taps, attention_layers=self.attention_layers
         )
 
-    def _read_peaks(self, cross_attention: Tensor | None, rows: slice) -> list[list[int]] | None:
-        """Each row's peak frame per layer (segment frames); the runtime windows pay for this readout every round."""
-        return None if cross_attention is None else _peaks(cross_attention, rows, self.policy.valid_frames, Origin())
+    def _peaks(self, cross_attention: Tensor | None) -> Tensor:
+        """(rows, attention layers) peak frame of each row (segment frames); the runtime windows pay for it."""
+        if cross_attention is None:
+            return torch.empty(0, 0, dtype=torch.long, device=self.device)
+        return cross_attention[:, 0, :, : self.policy.valid_frames].argmax(dim=-1).T
 
-    def _record_verified(self, peaks: list[list[int]] | None, new: list[int]) -> None:
-        """The first rows of `peaks` predicted the tokens `new`; keep where each layer looked."""
-        if peaks is None:
+    def _record_verified(self, peaks: Tensor, rows: list[int], new: list[int]) -> None:
+        """The first rows of `peaks` (on the device; `rows` the same on the host) predicted the tokens `new`."""
+        if not self.attention_layers:
             return
-        peaks = peaks[: len(new)]
         if self.settings.window in RUNTIME_WINDOWS:
             layer = self.attention_layers.index(self.runtime_layer)
-            self.policy.observe_verified(len(self.tokens), [row[layer] for row in peaks])
+            self.policy.observe_verified(len(self.tokens), peaks[: len(new), layer])
         if self.settings.verify_peaks:
-            start = self.origin.token + len(self.tokens)
+            n_layers, start = len(self.attention_layers), self.origin.token + len(self.tokens)
             self.result.verified += [
-                VerifiedToken(start + i, t, [p + self.origin.frame for p in peaks[i]])
+                VerifiedToken(start + i, t, [p + self.origin.frame for p in rows[i * n_layers : (i + 1) * n_layers]])
                 for i, t in enumerate(new)
                 if t != self.target.eot
             ]
 
     def run(self, on_round: Callable[[Round], None] | None = None) -> Decoded:
-        target, prompt = self.target, self.target.prompt
-        out = self._verify(torch.tensor([prompt], device=self.device))
-        first = target.greedy_tokens(out.logits[:, -1:], 0).item()
-        self._record_verified(self._read_peaks(out.cross_attention, slice(len(prompt) - 1, len(prompt))), [first])
-        if first == target.eot:
+        target = self.target
+        prompt = torch.tensor([target.prompt], device=self.device)
+        out = self._verify(prompt)
+        first = target.greedy_tokens(out.logits[:, -1:], 0)[0]
+        peaks = self._peaks(out.cross_attention)[-1:]
+        (value,), rows = _read([first, peaks])
+        self._record_verified(peaks, rows, [value])
+        if value == target.eot:
             return self.result
-        self.tokens.append(first)
-        # The draft at position t reads (f_t, x_{t+1}); these are the positions it has yet to read.
-        features, inputs = out.hidden, torch.tensor([[*prompt[1:], first]], device=self.device)
-        while len(prompt) + len(self.tokens) < target.max_length:
-            done, features, inputs = self._round(features, inputs)
+        self.tokens.append(value)
+        # The draft at position t reads (f_t, x_{t+1}); these are the positions it has yet to read, the last one
+        # real at row `last`.
+        features, inputs, last = out.hidden, torch.cat([prompt[:, 1:], first[None]], dim=1), prompt.shape[1] - 1
+        while len(target.prompt) + len(self.tokens) < target.max_length:
+            done, features, inputs, last = self._round(features, inputs, last)
             if on_round is not None:
                 on_round(self.result.rounds[-1])
             if done:
                 break
         return self.result
 
-    def _round(self, features: Tensor, inputs: Tensor) -> tuple[bool, Tensor, Tensor]:
-        target, draft, settings = self.target, self.draft, self.settings
-        n_prompt = len(target.prompt)
-        position = n_prompt + len(self.tokens) - 1  # of the last token, which the target has not read yet
-        k = min(settings.k, target.max_length - n_prompt - len(self.tokens) - 1)
+    def _round(self, features: Tensor, inputs: Tensor, last: int) -> tuple[bool, Tensor, Tensor, int]:
+        target, draft, settings, k = self.target, self.draft, self.settings, self.settings.k
+        n_prompt, verified = len(target.prompt), len(self.tokens)
+        position = n_prompt + verified - 1  # of the last token, which the target has not read yet
         index = len(self.result.rounds)
 
         start = self.stopwatch.mark()
-        proposed, centres, rows = [], [], []
-        if k > 0:
-            first_position = position - inputs.shape[1]
-            # The step at draft position t predicts transcript token t + 2 - n_prompt.
-            predicts = [t + 2 - n_prompt for t in range(first_position, position)]
-            step_centres = [self.policy.centre(i, len(self.tokens)) for i in predicts]
-            out = draft(features, inputs, self.draft_cache, self._mask(step_centres))
-            centres.append(step_centres[-1])
-            for depth in range(1, k + 1):
-                probs = draft.logits(out.hidden[:, -1]).softmax(dim=-1)
-                top, choice = probs.max(dim=-1)
-                token = draft.vocab_to_target(choice)
-                proposed.append(token)
-                if out.attention is not None:
-                    rows.append(out.attention[0, -1, : self.policy.valid_frames])
-                if depth == k or (settings.threshold > 0 and top.item() < settings.threshold):
-                    break
-                centre = self.policy.centre(len(self.tokens) + depth, len(self.tokens))
-                centres.append(centre)
-                out = draft(out.features[:, -1:], token[:, None], self.draft_cache, self._mask([centre]))
+        # The step at draft position t predicts transcript token t + 2 - n_prompt.
+        caught_up = self.policy.centres(self.draft_cache.length + 2 - n_prompt, inputs.shape[1], verified)
+        out = draft(features, inputs, self.draft_cache, self._mask(caught_up))
+        self.draft_cache.length = position
+        centres = torch.cat([caught_up[last : last + 1], self.policy.centres(verified + 1, k - 1, verified)])
+        hidden, next_features = out.hidden[:, last], out.features[:, last : last + 1]
+        attention = [] if out.attention is None else [out.attention[0, last]]
+        proposals, confidences = [], []
+        for depth in range(1, k + 1):
+            confidence, choice = draft.logits(hidden).softmax(dim=-1).max(dim=-1)
+            proposals.append(draft.vocab_to_target(choice))
+            confidences.append(confidence)
+            if depth == k:
+                break
+            out = draft(next_features, proposals[-1][:, None], self.draft_cache, self._mask(centres[depth : depth + 1]))
+            hidden, next_features = out.hidden[:, -1], out.features[:, -1:]
+            if out.attention is not None:
+                attention.append(out.attention[0, -1])
         drafted = self.stopwatch.mark()
 
-        block = torch.cat([inputs[:, -1:], torch.stack(proposed, dim=1)], dim=1) if proposed else inputs[:, -1:]
-        out = self._verify(block)
-        choices = target.greedy_tokens(out.logits, len(self.tokens))[0]
-        peaks = self._read_peaks(out.cross_attention, slice(None))
+        proposed = torch.cat(proposals)
+        out = self._verify(torch.cat([inputs[0, last : last + 1], proposed])[None])
+        choices = target.greedy_tokens(out.logits, verified)[0]
+        peaks = self._peaks(out.cross_attention)
         verified_at = self.stopwatch.mark()
 
-        choices = choices.tolist()  # the round's one host synchronisation
-        proposed = block[0, 1:].tolist()
-        accepted = accepted_length(proposed, choices, target.eot)
-        new = [*proposed[:accepted], choices[accepted]]
+        attention = torch.stack(attention) if attention else None
+        draft_peaks = attention.argmax(dim=-1) if attention is not None else proposed[:0]
+        stops = torch.stack(confidences)[:, 0] < settings.threshold
+        choice_list, proposed_list, stop_list, draft_peak_list, centre_list, peak_rows = _read(
+            [choices, proposed, stops, draft_peaks, centres, peaks]
+        )
+        n = min(k, target.max_length - n_prompt - verified - 1, *(d + 1 for d, stop in enumerate(stop_list) if stop))
+        proposed_list = proposed_list[:n]
+        accepted = accepted_length(proposed_list, choice_list[: n + 1], target.eot)
+        new = [*proposed_list[:accepted], choice_list[accepted]]
         if target.eot in new:
             new = new[: new.index(target.eot) + 1]
         self.result.rounds.append(
             Round(
                 index=self.origin.round + index,
                 segment=self.origin.segment,
-                start=self.origin.token + len(self.tokens),
-                proposed=proposed,
+                start=self.origin.token + verified,
+                proposed=proposed_list,
                 accepted=accepted,
-                target_token=choices[accepted],
+                target_token=choice_list[accepted],
                 draft_seconds=self.stopwatch.seconds(start, drafted),
                 verify_seconds=self.stopwatch.seconds(drafted, verified_at),
             )
         )
-        self._record_steps(self.origin.round + index, proposed, accepted, rows, centres)
-        self._record_verified(peaks, new)
+        rows = attention[:n].float().cpu().tolist() if attention is not None and settings.keep_attention else None
+        self._record_steps(self.origin.round + index, proposed_list, accepted, draft_peak_list, centre_list, rows)
+        self._record_verified(peaks, peak_rows, new)
 
         finished = new[-1] == target.eot
         self.tokens += new[:-1] if finished else new
         self.target_cache.length = position + 1 + accepted
         self.draft_cache.length = position
-        return finished, out.hidden[:, : accepted + 1], torch.tensor([new], device=self.device)
+        # The next catch-up reads the verified features and the target's choices, real up to row `accepted`.
+        return finished, out.hidden, choices[None], accepted
 
-    def _mask(self, centres: list[int]) -> Tensor | None:
-        return self.policy.mask(centres, self.device) if self.draft.config.audio else None
+    def _mask(self, centres: Tensor) -> Tensor | None:
+        return self.policy.mask(centres) if self.draft.config.audio else None
 
-    def _record_steps(self, index: int, proposed: list[int], accepted: int, rows: list[Tensor], centres: list[int]):
+    def _record_steps(
+        self,
+        index: int,
+        proposed: list[int],
+        accepted: int,
+        draft_peaks: list[int],
+        centres: list[int],
+        attention: list[list[float]] | None,
+    ) -> None:
         start, offset = len(self.tokens), self.origin.frame
-        peaks = (torch.stack(rows).argmax(dim=-1) + offset).tolist() if rows else [None] * len(proposed)
         for depth, token in enumerate(proposed, start=1):
-            row = rows[depth - 1].float().cpu().tolist() if rows and self.settings.keep_attention else None
             centre, reference = centres[depth - 1], self.policy.reference_frame(start + depth - 1)
             self.result.steps.append(
                 DraftStep(
@@ -285,9 +314,9 @@ class _SpeculativeLoop:
                     depth=depth,
                     token=token,
                     accepted=depth <= accepted,
-                    draft_peak=peaks[depth - 1],
+                    draft_peak=draft_peaks[depth - 1] + offset if draft_peaks else None,
                     window_centre=None if centre == NO_WINDOW else centre + offset,
                     reference_frame=None if reference is None else reference + offset,
-                    attention=row,
+                    attention=None if attention is None else attention[depth - 1],
                 )
             )

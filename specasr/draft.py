@@ -196,7 +196,8 @@ class Draft(nn.Module):
         """
         start, end = cache.length, cache.length + tokens.shape[1]
         positions = torch.arange(start, end, device=tokens.device)
-        x = self.embed(features, tokens, positions)
+        last_position = self._frozen["positions"].shape[0] - 1  # rows past it only pad a fixed-size block
+        x = self.embed(features, tokens, positions.clamp(max=last_position))
         q, k, v = self.self_qkv(x)
         cache.keys[:, :, start:end] = k
         cache.values[:, :, start:end] = v

@@ -6,7 +6,6 @@ handed in by the loop (the target's verification attention peak of each verified
 
 from collections import deque
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -32,62 +31,80 @@ def window_mask(valid_frames: int, frames: int, centres: Tensor, half_width: int
 
 
 class WindowPolicy:
-    """Chooses the centre of the draft's audio window for the step that predicts transcript token i."""
+    """Centres the draft's audio window for the steps that predict transcript tokens first, first + 1, ...
 
-    def __init__(self, window: str, half_width_ms: float, valid_frames: int, reference: list[int | None] | None):
+    Centres are computed on the device from what the host already knows (token indices, the reference frames, how
+    many tokens are verified) and from the verification peaks the loop hands in as device tensors, so choosing a
+    window never waits for the device.
+    """
+
+    def __init__(
+        self,
+        window: str,
+        half_width_ms: float,
+        valid_frames: int,
+        reference: list[int | None] | None,
+        device: torch.device | str = "cpu",
+    ):
         if window not in WINDOWS:
             raise ValueError(f"unknown window {window!r}; choose one of {', '.join(WINDOWS)}")
         if window in REFERENCE_WINDOWS and reference is None:
             raise ValueError(f"the {window!r} window needs reference frames for the transcript tokens")
         self.kind = window
         self.valid_frames = valid_frames
+        self.device = device
         self.half_width = round(half_width_ms / 1000 / FRAME_SECONDS)
         self.reference = reference or []
-        self.rng = np.random.default_rng(0)
-        self.verified_peaks: deque[tuple[int, int]] = deque(maxlen=PACE_TOKENS)  # (token index, frame)
+        shift = round(SHIFT_SECONDS / FRAME_SECONDS) if window == "shift" else 0
+        frames = [NO_WINDOW if f is None else self._clip(f + shift) for f in self.reference]
+        self._reference_centres = torch.tensor(frames, dtype=torch.long, device=device)
+        self._generator = torch.Generator(device).manual_seed(0)
+        self._verified_tokens: deque[int] = deque(maxlen=PACE_TOKENS)  # indices of the recent verified tokens
+        self._verified_frames = torch.empty(0, dtype=torch.long, device=device)  # and their peak frames
 
     def _clip(self, frame: float) -> int:
         return int(min(max(round(frame), 0), self.valid_frames - 1))
 
-    def observe_verified(self, first: int, peaks: list[int]) -> None:
+    def observe_verified(self, first: int, peaks: Tensor) -> None:
         """The verification attention peaks (runtime layer) of transcript tokens first, first + 1, ..."""
-        self.verified_peaks.extend(enumerate(peaks, start=first))
+        self._verified_tokens.extend(range(first, first + len(peaks)))
+        self._verified_frames = torch.cat([self._verified_frames, peaks.long()])[-PACE_TOKENS:]
 
     def reference_frame(self, i: int) -> int | None:
         return self.reference[i] if 0 <= i < len(self.reference) else None
 
-    def centre(self, i: int, verified: int) -> int:
-        """NO_WINDOW or a frame. `verified`: how many transcript tokens the target has confirmed."""
+    def centres(self, first: int, count: int, verified: int) -> Tensor:
+        """(count,) centres, NO_WINDOW or a frame, for tokens first.. . `verified`: how many transcript tokens the
+        target has confirmed."""
+        tokens = torch.arange(first, first + count, device=self.device)
+        none = torch.full((count,), NO_WINDOW, device=self.device)
         if self.kind == "unrestricted":
-            return NO_WINDOW
+            return none
         if self.kind == "random":
-            return int(self.rng.integers(self.valid_frames))
+            return torch.randint(self.valid_frames, (count,), generator=self._generator, device=self.device)
         if self.kind == "runtime":
-            return self.verified_peaks[-1][1] if self.verified_peaks else NO_WINDOW
+            return self._verified_frames[-1].expand(count) if self._verified_tokens else none
         if self.kind == "runtime-paced":
-            return self._extrapolate(list(self.verified_peaks), i)
+            if not self._verified_tokens:
+                return none
+            frames = self._verified_frames.double()
+            return self._extrapolate(self._verified_tokens[0], frames[0], self._verified_tokens[-1], frames[-1], tokens)
         if self.kind == "pointer":
-            return self._pointer(i, verified)
-        frame = self.reference_frame(i)
-        if frame is None:
-            return NO_WINDOW
-        shift = SHIFT_SECONDS / FRAME_SECONDS if self.kind == "shift" else 0
-        return self._clip(frame + shift)
+            known = [(j, f) for j in range(min(verified, len(self.reference))) if (f := self.reference[j]) is not None]
+            return self._extrapolate(*known[0], *known[-1], tokens) if known else none
+        if not self.reference:
+            return none
+        inside = (tokens >= 0) & (tokens < len(self.reference))
+        return torch.where(inside, self._reference_centres[tokens.clamp(0, len(self.reference) - 1)], none)
 
-    def _pointer(self, i: int, verified: int) -> int:
-        """Extrapolate from the reference frames of tokens already verified."""
-        known = [(j, f) for j in range(min(verified, len(self.reference))) if (f := self.reference[j]) is not None]
-        return self._extrapolate(known, i)
-
-    def _extrapolate(self, known: list[tuple[int, int]], i: int) -> int:
-        """Token i's frame from (token, frame) pairs: the last one moved on at their mean rate, first to last."""
-        if not known:
-            return NO_WINDOW
-        (j0, f0), (j1, f1) = known[0], known[-1]
+    def _extrapolate(self, j0: int, f0: float | Tensor, j1: int, f1: float | Tensor, tokens: Tensor) -> Tensor:
+        """Each token's frame from two (token, frame) pairs: the last one moved on at their mean rate, first to
+        last, in float64 and rounded half to even as Python rounds."""
         rate = (f1 - f0) / (j1 - j0) if j1 > j0 else 0.0
-        return self._clip(f1 + rate * (i - j1))
+        frames = (tokens - j1).double() * rate + f1
+        return frames.round().clamp(0, self.valid_frames - 1).long()
 
-    def mask(self, centres: list[int], device: torch.device) -> Tensor:
-        """Over the valid frames, the only ones the draft's cache holds."""
+    def mask(self, centres: Tensor) -> Tensor:
+        """(1, steps, frames) over the valid frames, the only ones the draft's cache holds."""
         frames = self.valid_frames
-        return window_mask(frames, frames, torch.tensor([centres], device=device), self.half_width)
+        return window_mask(frames, frames, centres[None], self.half_width)

@@ -75,22 +75,22 @@ def test_random_models_exercise_partial_and_full_acceptance():
 
 def test_runtime_paced_centre_moves_on_at_the_recent_frames_per_token():
     paced = WindowPolicy("runtime-paced", 400.0, valid_frames=30, reference=None)
-    assert paced.centre(0, verified=0) == NO_WINDOW  # nothing verified yet
-    paced.observe_verified(0, [10])
-    assert paced.centre(1, verified=1) == 10  # one peak: no pace yet
-    paced.observe_verified(1, [12, 14, 17])  # tokens 0..3 at frames 10, 12, 14, 17: 7/3 frames per token
+    assert paced.centres(0, 1, verified=0).tolist() == [NO_WINDOW]  # nothing verified yet
+    paced.observe_verified(0, torch.tensor([10]))
+    assert paced.centres(1, 1, verified=1).tolist() == [10]  # one peak: no pace yet
+    paced.observe_verified(1, torch.tensor([12, 14, 17]))  # tokens 0..3 at frames 10, 12, 14, 17: 7/3 per token
     # Depths 1..6 predict tokens 4..9: 17 + 7/3 * depth, rounded, clipped to the 30 valid frames.
-    assert [paced.centre(i, verified=4) for i in range(4, 10)] == [19, 22, 24, 26, 29, 29]
+    assert paced.centres(4, 6, verified=4).tolist() == [19, 22, 24, 26, 29, 29]
     runtime = WindowPolicy("runtime", 400.0, valid_frames=30, reference=None)
-    runtime.observe_verified(0, [10, 12, 14, 17])
-    assert [runtime.centre(i, verified=4) for i in range(4, 10)] == [17] * 6
+    runtime.observe_verified(0, torch.tensor([10, 12, 14, 17]))
+    assert runtime.centres(4, 6, verified=4).tolist() == [17] * 6
 
 
 def test_runtime_paced_reads_its_pace_from_the_last_eight_verified_tokens():
     paced = WindowPolicy("runtime-paced", 400.0, valid_frames=100, reference=None)
-    paced.observe_verified(0, [50, 50, 50, 50])
-    paced.observe_verified(4, [5, 6, 7, 8, 9, 10, 11, 12])  # the last eight: one frame per token
-    assert paced.centre(12, verified=12) == 13
+    paced.observe_verified(0, torch.tensor([50, 50, 50, 50]))
+    paced.observe_verified(4, torch.tensor([5, 6, 7, 8, 9, 10, 11, 12]))  # the last eight: one frame per token
+    assert paced.centres(12, 1, verified=12).tolist() == [13]
 
 
 def test_runtime_paced_centres_follow_the_verification_peaks_of_the_loop():
@@ -111,6 +111,32 @@ def test_runtime_paced_centres_follow_the_verification_peaks_of_the_loop():
         assert step.window_centre == min(max(round(recent[-1] + pace * step.depth), 0), valid_frames - 1)
         moved += step.depth > 1 and step.window_centre != recent[-1]
     assert moved  # the case is only meaningful if some later step left the runtime centre
+
+
+@pytest.mark.parametrize("window", WINDOWS)
+def test_a_round_waits_for_the_device_once(monkeypatch, window):
+    """Centres, masks, proposals and trace rows stay on the device; one copy per round (and one for the prompt's
+    pass) brings the round's integers to the host."""
+    target = random_whisper_target(seed=3, layers=2, heads=2, vocab_size=8, max_length=40, init_std=0.5)
+    memory = torch.randn(1, 40, target.d_model, generator=torch.Generator().manual_seed(3))
+    draft = always_propose(random_draft(target, seed=3), token=3)
+    reads = []
+
+    def counting(name):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, **kwargs):
+            reads.append(name)
+            return original(self, *args, **kwargs)
+
+        return counted
+
+    for name in ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__"):
+        monkeypatch.setattr(torch.Tensor, name, counting(name))
+    settings = Settings(draft="random", k=4, window=window, threshold=0.3, runtime_layer=1)
+    result = speculative(target, draft, memory, 40, settings, reference=list(range(0, 40, 2)))
+    assert len(result.rounds) > 3 and reads == ["tolist"] * (len(result.rounds) + 1)
+    assert result.tokens == greedy_tokens(target, memory)
 
 
 def test_nothing_after_an_accepted_end_of_text_counts_as_accepted(monkeypatch):

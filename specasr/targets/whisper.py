@@ -173,8 +173,12 @@ class WhisperTarget:
         if end > cache.capacity:
             raise ValueError(f"decoder cache holds {cache.capacity} positions; {end} requested")
         decoder = self._decoder
-        x = decoder.embed_tokens(tokens) + decoder.embed_positions.weight[start:end]
-        causal = torch.arange(end, device=tokens.device) <= torch.arange(start, end, device=tokens.device)[:, None]
+        steps = torch.arange(start, end, device=tokens.device)
+        positions = decoder.embed_positions.weight
+        # Rows past the last position exist only as padding of a fixed-size verification block; their outputs are
+        # never read.
+        x = decoder.embed_tokens(tokens) + positions[steps.clamp(max=positions.shape[0] - 1)]
+        causal = torch.arange(end, device=tokens.device) <= steps[:, None]
         tapped = [x] if 0 in taps else []
         attention_rows = []
         for i, layer in enumerate(decoder.layers):
