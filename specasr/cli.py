@@ -23,6 +23,7 @@ from specasr.experiments import AGGREGATION, Grid, run_grid
 from specasr.experiments import tables as experiment_tables
 from specasr.metrics import acceptance, anchor_error_by_depth, word_error_rate
 from specasr.pipeline import Pipeline
+from specasr.precision import precision_table
 from specasr.profiling import profile_round
 from specasr.store import Store, StoreError, default_db_path
 from specasr.targets import BUILTIN_TARGETS, DTYPES, FRAME_SECONDS, TargetUnavailableError, load_target
@@ -316,6 +317,21 @@ def cmd_bench(args: argparse.Namespace) -> None:
         print(f"stored {name} as run {run_id} in {store.path}")
 
 
+def cmd_precision(args: argparse.Namespace) -> None:
+    clips = [u.clip(args.max_seconds) for u in spread(load_utterances(args.data), args.clips)]
+    reference = _settings(args)
+    arms = {}
+    for dtype in args.low:
+        arms[f"greedy {dtype}"] = replace(reference, dtype=dtype)
+        arms[f"{args.draft} K={args.k} {dtype}"] = replace(_settings(args, draft=args.draft), dtype=dtype)
+    table = precision_table(Pipeline(), clips, arms, reference)
+    if args.json:
+        print(json.dumps(_records(table), default=_json_value))
+        return
+    print(f"{args.target} on {len(clips)} clips of {args.data}, against float32 greedy, {args.device}")
+    print(table.to_string(index=False, float_format="%.4f"))
+
+
 def cmd_profile(args: argparse.Namespace) -> None:
     settings = _settings(args, draft=args.draft)
     clip = _clip(args.audio, args)
@@ -585,6 +601,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_clip_options(p)
     _add_speculative_options(p)
     p.set_defaults(run=cmd_profile)
+
+    p = commands.add_parser("precision", help="low-precision loops against float32 greedy (paper A.4)")
+    p.add_argument("--data", default=DEFAULT_SPEECH_DIR, help="a manifest.tsv or its folder, or heldout")
+    p.add_argument("--clips", type=int, default=20, help="N clips spread evenly over the manifest")
+    p.add_argument(
+        "--low", type=_listed(str, ("float16", "bfloat16")), default=("bfloat16",), help="float16, bfloat16 or both"
+    )
+    p.add_argument("--json", action="store_true", help="print the table as a JSON list of rows")
+    _add_clip_options(p)
+    _add_speculative_options(p)
+    p.set_defaults(run=cmd_precision)
 
     p = commands.add_parser("bench", help="time greedy vs speculative decoding on the same clips")
     p.add_argument("--speech-dir", type=Path, default=DEFAULT_SPEECH_DIR)

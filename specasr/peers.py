@@ -1,7 +1,13 @@
 """Other decoders, run through the pipeline beside ours so that `bench --peers` times them on the same clips:
 faster-whisper (CTranslate2) on the bundled weights, and transformers `generate` on the converted ones. Each
-makes its own features, encodes one 30 s window and decodes it greedily."""
+makes its own features, encodes one 30 s window and decodes it greedily.
 
+faster-whisper runs in a process of its own: CTranslate2 brings its own OpenMP runtime, and in our process it slowed
+torch's decoding loops by a fifth once it had run (README, "Peers side by side").
+"""
+
+import multiprocessing
+from itertools import count
 from typing import Protocol
 
 import numpy as np
@@ -85,10 +91,67 @@ class TransformersGenerate:
         return tokens[: tokens.index(target.eot)] if target.eot in tokens else tokens
 
 
+class PeerProcess:
+    """A peer served by a process of its own. Its features and encoder output stay there; handles to them, the
+    audio and the tokens cross the pipe."""
+
+    def __init__(self, target: WhisperTarget, device: str, dtype: str):
+        context = multiprocessing.get_context("spawn")  # a fresh interpreter: nothing of torch's thread pool
+        self._connection, child = context.Pipe()
+        self._process = context.Process(target=_serve, args=(child, target.name, device, dtype), daemon=True)
+        self._process.start()
+        self._call("ready")
+
+    def _call(self, *request):
+        self._connection.send(request)
+        ok, value = self._connection.recv()
+        if not ok:
+            raise value
+        return value
+
+    def features(self, audio: np.ndarray) -> int:
+        return self._call("features", audio)
+
+    def encode(self, features: int) -> int:
+        return self._call("encode", features)
+
+    def decode(self, memory: int) -> list[int]:
+        return self._call("decode", memory)
+
+
+def _serve(connection, target_name: str, device: str, dtype: str) -> None:
+    """The peer process: faster-whisper on `target_name`, answering PeerProcess's requests until the pipe closes."""
+    from specasr.targets import load_target
+
+    held, handles = {}, count()
+    try:
+        peer = FasterWhisper(load_target(target_name), device, dtype)
+    except Exception as error:  # reported to the parent, which raises it
+        connection.send((False, error))
+        return
+    while True:
+        try:
+            request, *args = connection.recv()
+        except EOFError:
+            return
+        try:
+            if request == "ready":
+                answer = None
+            elif request == "decode":
+                answer = peer.decode(held.pop(args[0]))
+            else:
+                step = peer.features if request == "features" else peer.encode
+                answer = next(handles)
+                held[answer] = step(held.pop(args[0]) if request == "encode" else args[0])
+            connection.send((True, answer))
+        except Exception as error:
+            connection.send((False, error))
+
+
 def load_peer(name: str, target: WhisperTarget, device: str, dtype: str) -> Peer:
     """A peer of DECODERS by name, for `target` on `device` in `dtype`."""
     if name == "faster-whisper":
-        return FasterWhisper(target, device, dtype)
+        return PeerProcess(target, device, dtype)
     if name == "transformers":
         return TransformersGenerate(target)
     raise ValueError(f"no peer named {name!r}")

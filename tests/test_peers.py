@@ -53,3 +53,17 @@ def test_a_peer_decode_is_a_stored_greedy_trace(pipeline, sample_clips, tmp_path
 def test_peers_refuse_what_they_cannot_do(asked):
     with pytest.raises(ValueError, match="decoder"):
         Settings(**({"decoder": "faster-whisper"} | asked))
+
+
+def test_faster_whisper_runs_in_a_process_of_its_own(pipeline, tiny_en, sample_clips):
+    import os
+
+    from specasr.peers import PeerProcess
+
+    peer = pipeline.peer(Settings(target="whisper-tiny.en", decoder="faster-whisper"))
+    assert isinstance(peer, PeerProcess) and peer._process.pid != os.getpid()
+    with pytest.raises(KeyError):  # an error in the peer's process is raised here, and the peer goes on serving
+        peer.decode(12345)
+    audio = load_audio(sample_clips[0].path)
+    here = FasterWhisper(tiny_en, "cpu", "float32")
+    assert peer.decode(peer.encode(peer.features(audio))) == here.decode(here.encode(here.features(audio)))
