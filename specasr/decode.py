@@ -19,6 +19,8 @@ from specasr.targets import WhisperTarget
 from specasr.trace import DraftStep, Round, Settings, Timings, VerifiedToken
 from specasr.windows import NO_WINDOW, RUNTIME_WINDOWS, WindowPolicy
 
+FIXED_SHAPE_DEVICES = ("cuda",)  # the catch-up keeps its padding there (CUDA graphs); on a CPU padding only costs
+
 
 class PhaseTimer:
     """Wall-clock seconds per phase; waits for the device so GPU work is charged to its phase."""
@@ -154,10 +156,10 @@ def _read(tensors: list[Tensor]) -> list[list[int]]:
 
 
 class _SpeculativeLoop:
-    """One segment's rounds, each of fixed shapes after the first: the draft catches up over K + 1 positions (the
-    ones the last verification accepted, then padding) and takes K - 1 single steps; the target verifies K + 1
-    tokens. Proposals past a threshold stop or the length limit are computed and dropped. Window centres and masks
-    are computed on the device; the host reads the device once per round."""
+    """One segment's rounds, each of fixed shapes after the first on CUDA: the draft catches up over K + 1 positions
+    (the ones the last verification accepted, then padding; on a CPU only the accepted ones) and takes K - 1 single
+    steps; the target verifies K + 1 tokens. Proposals past a threshold stop or the length limit are computed and
+    dropped. Window centres and masks are computed on the device; the host reads the device once per round."""
 
     def __init__(self, target, draft, memory, valid_frames, settings, reference, origin):
         self.target, self.draft, self.settings, self.origin = target, draft, settings, origin
@@ -174,6 +176,7 @@ class _SpeculativeLoop:
         if settings.window in RUNTIME_WINDOWS and not settings.verify_peaks:
             self.attention_layers = (runtime_layer,)
         self.stopwatch = Stopwatch(self.device)
+        self.fixed_shapes = self.device.type in FIXED_SHAPE_DEVICES
         self.tokens: list[int] = []
         self.result = Decoded(self.tokens)
 
@@ -233,8 +236,9 @@ class _SpeculativeLoop:
 
         start = self.stopwatch.mark()
         # The step at draft position t predicts transcript token t + 2 - n_prompt.
-        caught_up = self.policy.centres(self.draft_cache.length + 2 - n_prompt, inputs.shape[1], verified)
-        out = draft(features, inputs, self.draft_cache, self._mask(caught_up))
+        rows = inputs.shape[1] if self.fixed_shapes else last + 1
+        caught_up = self.policy.centres(self.draft_cache.length + 2 - n_prompt, rows, verified)
+        out = draft(features[:, :rows], inputs[:, :rows], self.draft_cache, self._mask(caught_up))
         self.draft_cache.length = position
         centres = torch.cat([caught_up[last : last + 1], self.policy.centres(verified + 1, k - 1, verified)])
         hidden, next_features = out.hidden[:, last], out.features[:, last : last + 1]

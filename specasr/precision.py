@@ -80,6 +80,7 @@ def precision_table(
                 "utterance_exact": sum(truth[t.clip_hash].tokens == t.tokens for t in traces) / len(traces),
                 "wer_float32_greedy": word_error_rate(texts, [truth[c.hash].text for c in clips]),
                 "wer": word_error_rate(texts, [t.text for t in traces]),
+                "positions": sum(f.positions for f in flips),
                 "flip_rate": sum(f.flips for f in flips) / max(1, sum(f.positions for f in flips)),
                 "flips": sum(f.flips for f in flips),
                 "flip_margin_median": float(pd.Series(margins).median()) if margins else None,
