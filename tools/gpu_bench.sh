@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Benchmark the shipped drafts, time them beside the peer decoders, profile a round and time draft training on a
-# lent GPU machine (README, "GPU host").
+# Benchmark the shipped drafts, time them beside the peer decoders, profile a round, check float16 / bfloat16
+# against float32 greedy and time draft training on a lent GPU machine (README, "GPU host").
 # `python -m tools.gpu_stage` packs the converted weights, the evaluation clips, missing wheels, one shard of
 # training features and the sentence corpus into .devcarry/p1, p2, ... and .devcarry/last; each pN travels in a
 # call of its own (`mkdir -p /tmp/stage && cp -r .devcarry/pN/. /tmp/stage/`) and this final call, carrying
@@ -24,6 +24,9 @@ for target in whisper-tiny.en whisper-base; do
     python3 -m specasr profile "$clip" --device cuda --dtype float16 --target $target \
         --draft $target/anchordraft --k 4 2>&1 | grep -v -E "$quiet|profiler_st" | tee -a $out/profile.txt \
         || echo "FAILED: profile $target"
+    python3 -m specasr precision --device cuda --target $target --draft $target/anchordraft --k 2 \
+        --low float16,bfloat16 --data $stage/speech --clips ${CLIPS:-78} 2>&1 | grep -v -E "$quiet" \
+        | tee -a $out/precision.txt || echo "FAILED: precision $target"
 done
 start=$(date +%s.%N)
 python3 -m specasr train --target whisper-tiny.en --device cuda --variant anchordraft --real 0 --espeak 0 \
