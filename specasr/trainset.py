@@ -223,14 +223,15 @@ def data_hash(examples: list[Example]) -> str:
 
 def training_sources(real: int, real_2: int, espeak: int, hibari: int, seed: int = 0) -> list[Source]:
     """Real speech (../shared/data/train-speech, then train-speech-2 without its held-out clips) and espeak-ng and
-    hibari-tts speech of the sentence corpus."""
-    sources = [
-        real_source("train-speech", load_manifest(TRAIN_SPEECH_DIR), real),
-        real_source("train-speech-2", train_speech_2(seed), real_2, {"seed": seed, "heldout": len(heldout_ids())}),
-        synthetic_source("espeak", espeak, seed),
-        synthetic_source("hibari", hibari, seed),
+    hibari-tts speech of the sentence corpus; a source asked for no clips is not read at all."""
+    held_out = {"seed": seed, "heldout": len(heldout_ids())}
+    makers = [
+        (real, lambda: real_source("train-speech", load_manifest(TRAIN_SPEECH_DIR), real)),
+        (real_2, lambda: real_source("train-speech-2", train_speech_2(seed), real_2, held_out)),
+        (espeak, lambda: synthetic_source("espeak", espeak, seed)),
+        (hibari, lambda: synthetic_source("hibari", hibari, seed)),
     ]
-    return [source for source in sources if source.count]
+    return [make() for count, make in makers if count]
 
 
 def prepare_examples(target: WhisperTarget, sources: list[Source], aligner: Aligner) -> list[Example]:
