@@ -82,10 +82,10 @@ class Decoded:
     verified: list[VerifiedToken] = field(default_factory=list)
 
 
-def _peaks(cross_attention: Tensor, rows: slice, valid_frames: int, origin: Origin) -> list[list[int]]:
-    """Per predicted row, the clip frame of each layer's head-averaged cross-attention peak (padding excluded)."""
-    peaks = cross_attention[:, 0, rows, :valid_frames].argmax(dim=-1).T + origin.frame
-    return peaks.tolist()
+def _peaks(cross_attention: Tensor, valid_frames: int) -> Tensor:
+    """(rows, layers): per predicted row, the segment frame of each layer's head-averaged cross-attention peak
+    (padding excluded)."""
+    return cross_attention[:, 0, :, :valid_frames].argmax(dim=-1).T
 
 
 @torch.inference_mode()
@@ -105,7 +105,7 @@ def greedy(
         if value == target.eot:
             break
         if layers:
-            peaks = _peaks(out.cross_attention, row, valid_frames, origin)[0]
+            peaks = (_peaks(out.cross_attention[:, :, row], valid_frames)[0] + origin.frame).tolist()
             result.verified.append(VerifiedToken(origin.token + len(result.tokens), value, peaks))
         result.tokens.append(value)
         out = target.forward(token, cache, attention_layers=layers)
@@ -185,11 +185,11 @@ class _SpeculativeLoop:
             block, self.target_cache, taps=self.draft.config.taps, attention_layers=self.attention_layers
         )
 
-    def _peaks(self, cross_attention: Tensor | None) -> Tensor:
-        """(rows, attention layers) peak frame of each row (segment frames); the runtime windows pay for it."""
+    def _verification_peaks(self, cross_attention: Tensor | None) -> Tensor:
+        """(rows, attention layers) peak frame of each row; the runtime windows pay for this readout every round."""
         if cross_attention is None:
             return torch.empty(0, 0, dtype=torch.long, device=self.device)
-        return cross_attention[:, 0, :, : self.policy.valid_frames].argmax(dim=-1).T
+        return _peaks(cross_attention, self.policy.valid_frames)
 
     def _record_verified(self, peaks: Tensor, rows: list[int], new: list[int]) -> None:
         """The first rows of `peaks` (on the device; `rows` the same on the host) predicted the tokens `new`."""
@@ -211,7 +211,7 @@ class _SpeculativeLoop:
         prompt = torch.tensor([target.prompt], device=self.device)
         out = self._verify(prompt)
         first = target.greedy_tokens(out.logits[:, -1:], 0)[0]
-        peaks = self._peaks(out.cross_attention)[-1:]
+        peaks = self._verification_peaks(out.cross_attention)[-1:]
         (value,), rows = _read([first, peaks])
         self._record_verified(peaks, rows, [value])
         if value == target.eot:
@@ -259,7 +259,7 @@ class _SpeculativeLoop:
         proposed = torch.cat(proposals)
         out = self._verify(torch.cat([inputs[0, last : last + 1], proposed])[None])
         choices = target.greedy_tokens(out.logits, verified)[0]
-        peaks = self._peaks(out.cross_attention)
+        peaks = self._verification_peaks(out.cross_attention)
         verified_at = self.stopwatch.mark()
 
         attention = torch.stack(attention) if attention else None
@@ -286,8 +286,8 @@ class _SpeculativeLoop:
                 verify_seconds=self.stopwatch.seconds(drafted, verified_at),
             )
         )
-        rows = attention[:n].float().cpu().tolist() if attention is not None and settings.keep_attention else None
-        self._record_steps(self.origin.round + index, proposed_list, accepted, draft_peak_list, centre_list, rows)
+        kept = attention[:n].float().cpu().tolist() if attention is not None and settings.keep_attention else None
+        self._record_steps(self.origin.round + index, proposed_list, accepted, draft_peak_list, centre_list, kept)
         self._record_verified(peaks, peak_rows, new)
 
         finished = new[-1] == target.eot

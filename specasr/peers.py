@@ -7,6 +7,7 @@ torch's decoding loops by a fifth once it had run (README, "Peers side by side")
 """
 
 import multiprocessing
+from collections.abc import Sequence
 from itertools import count
 from typing import Protocol
 
@@ -32,23 +33,24 @@ class FasterWhisper:
     """faster-whisper's greedy decode (beam 1, temperature 0, no timestamps, no VAD, no previous-text prompt), its
     features as its `transcribe` makes them, with the target's prompt."""
 
-    def __init__(self, target: WhisperTarget, device: str, dtype: str):
+    def __init__(self, name: str, prompt: Sequence[int], max_length: int, device: str, dtype: str):
+        """For the built-in target `name`, with its prompt and length limit."""
         try:
             from faster_whisper import WhisperModel  # an optional peer: everything else runs without it
         except ImportError as error:
             raise TargetUnavailableError(f"faster-whisper is not installed ({error}); see requirements.txt") from error
-        if target.name not in BUILTIN_TARGETS:
-            raise TargetUnavailableError(f"faster-whisper runs the built-in targets' weights only, not {target.name}")
+        if name not in BUILTIN_TARGETS:
+            raise TargetUnavailableError(f"faster-whisper runs the built-in targets' weights only, not {name}")
         kind, _, index = device.partition(":")
         self.model = WhisperModel(
-            str(bundled_ct2_dir(target.name)),
+            str(bundled_ct2_dir(name)),
             device=kind,
             device_index=int(index or 0),
             compute_type=dtype,  # float32, float16 or bfloat16: the same names in CTranslate2
             cpu_threads=torch.get_num_threads(),
         )
-        self.prompt = list(target.prompt)
-        self.max_length = target.max_length
+        self.prompt = list(prompt)
+        self.max_length = max_length
 
     def features(self, audio: np.ndarray) -> np.ndarray:
         mel = self.model.feature_extractor(audio)[:, :-1]  # its log-mel of one window, padded with zeros to 30 s
@@ -98,7 +100,8 @@ class PeerProcess:
     def __init__(self, target: WhisperTarget, device: str, dtype: str):
         context = multiprocessing.get_context("spawn")  # a fresh interpreter: nothing of torch's thread pool
         self._connection, child = context.Pipe()
-        self._process = context.Process(target=_serve, args=(child, target.name, device, dtype), daemon=True)
+        peer = (target.name, target.prompt, target.max_length, device, dtype)  # FasterWhisper's arguments
+        self._process = context.Process(target=_serve, args=(child, *peer), daemon=True)
         self._process.start()
         self._call("ready")
 
@@ -119,13 +122,17 @@ class PeerProcess:
         return self._call("decode", memory)
 
 
-def _serve(connection, target_name: str, device: str, dtype: str) -> None:
-    """The peer process: faster-whisper on `target_name`, answering PeerProcess's requests until the pipe closes."""
-    from specasr.targets import load_target
-
+def _serve(connection, *peer) -> None:
+    """The peer process: FasterWhisper(*peer), answering PeerProcess's requests until the pipe closes."""
     held, handles = {}, count()
+
+    def keep(value) -> int:
+        handle = next(handles)
+        held[handle] = value
+        return handle
+
     try:
-        peer = FasterWhisper(load_target(target_name), device, dtype)
+        whisper = FasterWhisper(*peer)
     except Exception as error:  # reported to the parent, which raises it
         connection.send((False, error))
         return
@@ -137,12 +144,12 @@ def _serve(connection, target_name: str, device: str, dtype: str) -> None:
         try:
             if request == "ready":
                 answer = None
-            elif request == "decode":
-                answer = peer.decode(held.pop(args[0]))
+            elif request == "features":
+                answer = keep(whisper.features(args[0]))
+            elif request == "encode":
+                answer = keep(whisper.encode(held.pop(args[0])))
             else:
-                step = peer.features if request == "features" else peer.encode
-                answer = next(handles)
-                held[answer] = step(held.pop(args[0]) if request == "encode" else args[0])
+                answer = whisper.decode(held.pop(args[0]))
             connection.send((True, answer))
         except Exception as error:
             connection.send((False, error))

@@ -64,13 +64,12 @@ def precision_table(
     reference = replace(reference, draft=None, dtype="float32", verify_peaks=False)
     checker = pipeline.target(reference)
     truth = {clip.hash: pipeline.decode(clip, reference) for clip in tqdm(clips, desc="float32 greedy", unit="clip")}
-    rows = []
+    texts, rows = [clip.text for clip in clips], []
     for name, settings in arms.items():
         traces = [pipeline.decode(clip, settings) for clip in tqdm(clips, desc=name, unit="clip")]
         agreement = [token_agreement(truth[t.clip_hash].tokens, t.tokens) for t in traces]
         flips = [argmax_flips(checker, clip, trace) for clip, trace in zip(clips, traces, strict=True)]
         margins = [m for f in flips for m in f.margins]
-        texts = [clip.text for clip in clips]
         rows.append(
             {
                 "arm": name,

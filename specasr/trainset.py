@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from tqdm import tqdm
 
 from specasr.align import Aligner, align_tokens, frames_from_words, normalize_for_alignment
@@ -154,13 +154,12 @@ def read_shard(path: Path, clips: int | None = None) -> list[Example]:
     """The examples of a shard's first `clips` clips (all by default)."""
     with safe_open(path, "pt") as f:
         metadata = f.metadata()
-    rows, wanted = json.loads(metadata["examples"]), set(json.loads(metadata["clips"])[:clips])
-    tensors = load_file(path)
-    return [
-        Example(**row, hidden=tensors[f"{i}.hidden"], memory=tensors[f"{i}.memory"])
-        for i, row in enumerate(rows)
-        if row["id"] in wanted
-    ]
+        wanted = set(json.loads(metadata["clips"])[:clips])
+        return [
+            Example(**row, hidden=f.get_tensor(f"{i}.hidden"), memory=f.get_tensor(f"{i}.memory"))
+            for i, row in enumerate(json.loads(metadata["examples"]))
+            if row["id"] in wanted
+        ]
 
 
 def feature_key(source: str, settings: dict) -> tuple[str, str]:

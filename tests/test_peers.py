@@ -14,7 +14,8 @@ from specasr.trace import Settings
 @pytest.mark.parametrize("target_name", ["tiny_en", "base"])
 def test_peers_decode_our_greedy_tokens_from_the_same_features(request, target_name, sample_clips):
     target = request.getfixturevalue(target_name)
-    generate, faster_whisper = TransformersGenerate(target), FasterWhisper(target, "cpu", "float32")
+    generate = TransformersGenerate(target)
+    faster_whisper = FasterWhisper(target.name, target.prompt, target.max_length, "cpu", "float32")
     for clip in sample_clips:
         features = target.features(load_audio(clip.path))
         expected = greedy_tokens(target, target.encode(features))
@@ -65,5 +66,5 @@ def test_faster_whisper_runs_in_a_process_of_its_own(pipeline, tiny_en, sample_c
     with pytest.raises(KeyError):  # an error in the peer's process is raised here, and the peer goes on serving
         peer.decode(12345)
     audio = load_audio(sample_clips[0].path)
-    here = FasterWhisper(tiny_en, "cpu", "float32")
+    here = FasterWhisper(tiny_en.name, tiny_en.prompt, tiny_en.max_length, "cpu", "float32")
     assert peer.decode(peer.encode(peer.features(audio))) == here.decode(here.encode(here.features(audio)))
