@@ -31,6 +31,7 @@ DECODE_ERRORS = (
 )
 EXAMPLE_TEXT = "The birch canoe slid on the smooth planks. Glue the sheet to the dark blue background."
 AS_TARGET = "as the target"
+LOCAL_TARGET = "a local model folder"
 
 
 @st.cache_resource(show_spinner=False)
@@ -51,7 +52,12 @@ def devices() -> list[str]:
 def settings_sidebar(windows: bool = True) -> Settings:
     """The decode settings, from the sidebar; changing them decodes nothing until a page's Run button."""
     bar = st.sidebar
-    target = bar.selectbox("Target", list(BUILTIN_TARGETS), key="target")
+    target = bar.selectbox("Target", [*BUILTIN_TARGETS, LOCAL_TARGET], key="target")
+    if target == LOCAL_TARGET:
+        folder = bar.text_input("Model folder", key="target_folder", help="transformers Whisper, Qwen3-ASR or Voxtral")
+        target = folder.strip() or next(iter(BUILTIN_TARGETS))
+        if not folder.strip():
+            bar.caption(f"No folder given: decoding with {target}.")
     device = bar.selectbox("Device", devices(), key="device")
     bar.caption("Decoding on the GPU." if device.startswith("cuda") else "Decoding on the CPU.")
     dtype = bar.selectbox("Target dtype", list(DTYPES), key="dtype")

@@ -19,10 +19,9 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from specasr.audio import SAMPLE_RATE
-from specasr.targets.whisper import FRAME_SECONDS
 
 if TYPE_CHECKING:
-    from specasr.targets import WhisperTarget
+    from specasr.targets import Target
 
 
 class AlignmentError(ValueError):
@@ -416,7 +415,7 @@ class TokenAlignment:
     frames: list[int | None]
 
 
-def align_tokens(aligner: Aligner, target: "WhisperTarget", audio: np.ndarray, tokens: list[int]) -> TokenAlignment:
+def align_tokens(aligner: Aligner, target: "Target", audio: np.ndarray, tokens: list[int]) -> TokenAlignment:
     """Force-align a target's transcript tokens to the audio and map them onto its encoder frames; tokens that hold
     no word (punctuation only, or none) get no frames."""
     text = target.decode_text(tokens)
@@ -426,9 +425,7 @@ def align_tokens(aligner: Aligner, target: "WhisperTarget", audio: np.ndarray, t
     return TokenAlignment(text, words, frames_from_words(target, tokens, words, len(audio)))
 
 
-def frames_from_words(
-    target: "WhisperTarget", tokens: list[int], words: list[WordTime], n_samples: int
-) -> list[int | None]:
+def frames_from_words(target: "Target", tokens: list[int], words: list[WordTime], n_samples: int) -> list[int | None]:
     """The reference frame of each transcript token on the target's encoder grid, from the times of its words."""
     return token_frames(
         tokens,
@@ -436,7 +433,7 @@ def frames_from_words(
         char_times_from_words(target.decode_text(tokens), words),
         set(target.special_ids),
         valid_frames=target.valid_frames(n_samples),
-        frame_seconds=FRAME_SECONDS,
+        frame_seconds=target.frame_seconds,
     )
 
 

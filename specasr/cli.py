@@ -26,7 +26,7 @@ from specasr.pipeline import Pipeline
 from specasr.precision import precision_table
 from specasr.profiling import profile_round
 from specasr.store import Store, StoreError, default_db_path
-from specasr.targets import BUILTIN_TARGETS, DTYPES, FRAME_SECONDS, TargetUnavailableError, load_target
+from specasr.targets import BUILTIN_TARGETS, DTYPES, TargetUnavailableError, load_target
 from specasr.trace import DECODERS, Settings, Trace
 from specasr.train import VARIANTS, TrainConfig, distributed, train
 from specasr.trainset import data_hash, prepare_examples, training_sources
@@ -280,7 +280,7 @@ def cmd_align(args: argparse.Namespace) -> None:
             "words": [asdict(w) for w in reference.words],
             "tokens": tokens,
             "frames": reference.frames,
-            "frame_seconds": FRAME_SECONDS,
+            "frame_seconds": target.frame_seconds,
         }
         print(json.dumps(record))
         return

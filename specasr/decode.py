@@ -15,7 +15,8 @@ import torch
 from torch import Tensor
 
 from specasr.draft import Draft
-from specasr.targets import WhisperTarget
+from specasr.targets import Target
+from specasr.targets.base import audio_peaks
 from specasr.trace import DraftStep, Round, Settings, Timings, VerifiedToken
 from specasr.windows import NO_WINDOW, RUNTIME_WINDOWS, WindowPolicy
 
@@ -82,18 +83,12 @@ class Decoded:
     verified: list[VerifiedToken] = field(default_factory=list)
 
 
-def _peaks(cross_attention: Tensor, valid_frames: int) -> Tensor:
-    """(rows, layers): per predicted row, the segment frame of each layer's head-averaged cross-attention peak
-    (padding excluded)."""
-    return cross_attention[:, 0, :, :valid_frames].argmax(dim=-1).T
-
-
 @torch.inference_mode()
 def greedy(
-    target: WhisperTarget, memory: Tensor, valid_frames: int, verify_peaks: bool = False, origin: Origin = Origin()
+    target: Target, memory: Tensor, valid_frames: int, verify_peaks: bool = False, origin: Origin = Origin()
 ) -> Decoded:
-    """Whisper's greedy transcript (prompt and end-of-text excluded), one cached step per token; with verify_peaks,
-    where every decoder layer attended while predicting each token."""
+    """The target's greedy transcript (prompt and end-of-text excluded), one cached step per token; with
+    verify_peaks, where every decoder layer attended while predicting each token."""
     layers = tuple(range(target.n_layers)) if verify_peaks else ()
     cache = target.new_cache(memory)
     out = target.forward(torch.tensor([target.prompt], device=memory.device), cache, attention_layers=layers)
@@ -105,7 +100,7 @@ def greedy(
         if value == target.eot:
             break
         if layers:
-            peaks = (_peaks(out.cross_attention[:, :, row], valid_frames)[0] + origin.frame).tolist()
+            peaks = (audio_peaks(out.audio_attention[:, :, row], valid_frames)[0] + origin.frame).tolist()
             result.verified.append(VerifiedToken(origin.token + len(result.tokens), value, peaks))
         result.tokens.append(value)
         out = target.forward(token, cache, attention_layers=layers)
@@ -113,12 +108,12 @@ def greedy(
     return result
 
 
-def greedy_tokens(target: WhisperTarget, memory: Tensor) -> list[int]:
+def greedy_tokens(target: Target, memory: Tensor) -> list[int]:
     return greedy(target, memory, memory.shape[1]).tokens
 
 
 def speculative(
-    target: WhisperTarget,
+    target: Target,
     draft: Draft,
     memory: Tensor,
     valid_frames: int,
@@ -164,7 +159,9 @@ class _SpeculativeLoop:
     def __init__(self, target, draft, memory, valid_frames, settings, reference, origin):
         self.target, self.draft, self.settings, self.origin = target, draft, settings, origin
         self.device = memory.device
-        self.policy = WindowPolicy(settings.window, settings.half_width_ms, valid_frames, reference, self.device)
+        self.policy = WindowPolicy(
+            settings.window, settings.half_width_ms, valid_frames, reference, target.frame_seconds, self.device
+        )
         capacity = target.max_length + settings.k + 1  # the last block's padding runs past the length limit
         self.target_cache = target.new_cache(memory, capacity)
         self.draft_cache = draft.new_cache(memory, valid_frames, capacity)
@@ -185,11 +182,11 @@ class _SpeculativeLoop:
             block, self.target_cache, taps=self.draft.config.taps, attention_layers=self.attention_layers
         )
 
-    def _verification_peaks(self, cross_attention: Tensor | None) -> Tensor:
+    def _verification_peaks(self, audio_attention: Tensor | None) -> Tensor:
         """(rows, attention layers) peak frame of each row; the runtime windows pay for this readout every round."""
-        if cross_attention is None:
+        if audio_attention is None:
             return torch.empty(0, 0, dtype=torch.long, device=self.device)
-        return _peaks(cross_attention, self.policy.valid_frames)
+        return audio_peaks(audio_attention, self.policy.valid_frames)
 
     def _record_verified(self, peaks: Tensor, rows: list[int], new: list[int]) -> None:
         """The first rows of `peaks` (on the device; `rows` the same on the host) predicted the tokens `new`."""
@@ -211,7 +208,7 @@ class _SpeculativeLoop:
         prompt = torch.tensor([target.prompt], device=self.device)
         out = self._verify(prompt)
         first = target.greedy_tokens(out.logits[:, -1:], 0)[0]
-        peaks = self._verification_peaks(out.cross_attention)[-1:]
+        peaks = self._verification_peaks(out.audio_attention)[-1:]
         (value,), rows = _read([first, peaks])
         self._record_verified(peaks, rows, [value])
         if value == target.eot:
@@ -259,7 +256,7 @@ class _SpeculativeLoop:
         proposed = torch.cat(proposals)
         out = self._verify(torch.cat([inputs[0, last : last + 1], proposed])[None])
         choices = target.greedy_tokens(out.logits, verified)[0]
-        peaks = self._verification_peaks(out.cross_attention)
+        peaks = self._verification_peaks(out.audio_attention)
         verified_at = self.stopwatch.mark()
 
         attention = torch.stack(attention) if attention else None

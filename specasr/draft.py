@@ -18,7 +18,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from specasr.targets import WhisperTarget
+from specasr.targets import Target
 
 
 @dataclass
@@ -35,7 +35,7 @@ class DraftConfig:
     training: dict = field(default_factory=dict)  # settings, data hash and seed of the run that made it
 
     @classmethod
-    def for_target(cls, target: WhisperTarget, audio: bool = True, **overrides) -> "DraftConfig":
+    def for_target(cls, target: Target, audio: bool = True, **overrides) -> "DraftConfig":
         """Low, middle and top decoder layers, the target's width and heads, a feed-forward as wide as the model."""
         n = target.n_layers
         defaults = {
@@ -96,25 +96,27 @@ class Draft(nn.Module):
         self.head_dim = d // config.n_heads
         self._frozen: dict[str, Tensor] = {}
 
-    def attach(self, target: WhisperTarget, dtype: torch.dtype | None = None) -> "Draft":
-        """Borrow the target's frozen token embedding, positions and LM head (never saved with the draft).
+    def attach(self, target: Target, dtype: torch.dtype | None = None) -> "Draft":
+        """Borrow the target's frozen token embedding, positions (if it has learned ones) and LM head (never saved
+        with the draft).
 
         dtype: the draft's own precision, the target's by default. It may differ from the target's: inputs are cast
         where they enter (a float16 draft on a float32 target streams half the bytes per step on a CPU).
         """
         check_fits(self.config, target)
         dtype = dtype or target.dtype
-        decoder = target.model.model.decoder
-        embedding = decoder.embed_tokens.weight
+        head = target.frozen_head()
         vocab = self.config.vocab_ids
         draft_ids = torch.arange(self.config.vocab_size) if vocab is None else torch.tensor(vocab)
+        draft_ids = draft_ids.to(head.embedding.device)
         self._frozen = {
-            "embedding": embedding,
-            "positions": decoder.embed_positions.weight,
-            "vocab_ids": draft_ids.to(embedding.device),  # draft vocabulary index -> target token id
-            "lm_head": (embedding if vocab is None else embedding[draft_ids.to(embedding.device)]).to(dtype),
+            "embedding": head.embedding,
+            "vocab_ids": draft_ids,  # draft vocabulary index -> target token id
+            "lm_head": (head.lm_head if vocab is None else head.lm_head[draft_ids]).to(dtype),
         }
-        return self.to(embedding.device, dtype)
+        if head.positions is not None:  # a rotary target's positions live in its features and the draft's order
+            self._frozen["positions"] = head.positions
+        return self.to(head.embedding.device, dtype)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -155,7 +157,10 @@ class Draft(nn.Module):
 
     def embed(self, features: Tensor, tokens: Tensor, positions: Tensor) -> Tensor:
         """The block's input from target features (batch, T, F), tokens x_{t+1} (batch, T) and positions t (T,)."""
-        embedded = (self._frozen["embedding"][tokens] + self._frozen["positions"][positions]).to(self.dtype)
+        embedded = self._frozen["embedding"][tokens]
+        if "positions" in self._frozen:
+            embedded = embedded + self._frozen["positions"][positions]
+        embedded = embedded.to(self.dtype)
         return self.combine(torch.cat([self.fuse(features.to(self.dtype)), embedded], dim=-1))
 
     def self_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -196,7 +201,8 @@ class Draft(nn.Module):
         """
         start, end = cache.length, cache.length + tokens.shape[1]
         positions = torch.arange(start, end, device=tokens.device)
-        last_position = self._frozen["positions"].shape[0] - 1  # rows past it only pad a fixed-size block
+        table = self._frozen.get("positions")
+        last_position = end if table is None else table.shape[0] - 1  # rows past it only pad a fixed-size block
         x = self.embed(features, tokens, positions.clamp(max=last_position))
         q, k, v = self.self_qkv(x)
         cache.keys[:, :, start:end] = k
@@ -215,7 +221,7 @@ class Draft(nn.Module):
         return hidden @ self._frozen["lm_head"].T
 
 
-def check_fits(config: DraftConfig, target: WhisperTarget) -> None:
+def check_fits(config: DraftConfig, target: Target) -> None:
     problems = []
     if config.d_model != target.d_model:
         problems.append(f"hidden size {config.d_model} vs the target's {target.d_model}")
@@ -233,7 +239,7 @@ def check_fits(config: DraftConfig, target: WhisperTarget) -> None:
 
 
 def random_draft(
-    target: WhisperTarget, audio: bool = True, seed: int = 0, dtype: torch.dtype | None = None, **overrides
+    target: Target, audio: bool = True, seed: int = 0, dtype: torch.dtype | None = None, **overrides
 ) -> Draft:
     """An untrained draft with seeded weights: valid for lossless checks, useless for speed."""
     torch.manual_seed(seed)
@@ -250,7 +256,7 @@ def save_draft(draft: Draft, path: Path, dtype: torch.dtype = torch.float16) -> 
     (path / "config.json").write_text(json.dumps(asdict(draft.config), indent=2))
 
 
-def load_draft(path: Path, target: WhisperTarget, dtype: torch.dtype | None = None) -> Draft:
+def load_draft(path: Path, target: Target, dtype: torch.dtype | None = None) -> Draft:
     """A saved draft attached to `target` (in `dtype`, the target's by default); fails clearly when it was made
     for a different target."""
     path = Path(path)
@@ -284,7 +290,7 @@ def shipped_drafts(target: str | None = None) -> list[str]:
     return [n for n in names if target is None or n.startswith(f"{target}/")]
 
 
-def resolve_draft(name: str, target: WhisperTarget, dtype: torch.dtype | None = None) -> Draft:
+def resolve_draft(name: str, target: Target, dtype: torch.dtype | None = None) -> Draft:
     """A draft by name: `random` / `random-no-audio`, a shipped name, or a checkpoint folder."""
     if name in ("random", "random-no-audio"):
         return random_draft(target, audio=name == "random", dtype=dtype)

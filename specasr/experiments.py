@@ -39,7 +39,6 @@ from specasr.metrics import (
 )
 from specasr.pipeline import Pipeline
 from specasr.store import Store
-from specasr.targets import FRAME_MS
 from specasr.trace import Settings, Trace
 from specasr.windows import RUNTIME_WINDOWS
 
@@ -232,7 +231,8 @@ def clip_columns(results: list[ClipResult]) -> dict[str, np.ndarray]:
 def _restart_errors(trace: Trace) -> tuple[list[float], list[bool]]:
     """The anchor error (ms) and outcome of every restart proposal whose draft peak and reference frame are known."""
     restarts = [s for s in trace.steps if s.depth == 1 and None not in (s.draft_peak, s.reference_frame)]
-    return [abs(s.draft_peak - s.reference_frame) * FRAME_MS for s in restarts], [s.accepted for s in restarts]
+    frame_ms = trace.frame_seconds * 1000
+    return [abs(s.draft_peak - s.reference_frame) * frame_ms for s in restarts], [s.accepted for s in restarts]
 
 
 def _survivors(sums: dict[str, np.ndarray], depth: int) -> np.ndarray:
@@ -406,14 +406,16 @@ def peak_table(peaks: list[Trace], cells: dict[Settings, list[ClipResult]], half
     """Table 7: the target's verification peak per layer (greedy pass) and each audio draft's restart peak (its
     unrestricted cells) against the reference frames, with the shuffled-frame floor; `runtime_layer` marks the
     layer the paper's D.2 rule picks."""
-    half_width = round(half_width_ms / FRAME_MS)
+    traces = [*peaks, *(r.trace for results in cells.values() for r in results)]
+    frame_ms = traces[0].frame_seconds * 1000 if traces else 1.0  # one target per experiment: its frame
+    half_width = round(half_width_ms / frame_ms)
     frames = [t.reference_frames or [] for t in peaks]
     layers = max((len(v.verify_peaks) for t in peaks for v in t.verified), default=0)
     rows = []
     for layer in range(layers):
         by_position = [{v.position: v.verify_peaks[layer] for v in t.verified} for t in peaks]
         track = [[p.get(i) for i in range(len(f))] for p, f in zip(by_position, frames, strict=True)]
-        rows.append(peak_agreement(f"target layer {layer} verification", track, frames, half_width))
+        rows.append(peak_agreement(f"target layer {layer} verification", track, frames, half_width, frame_ms))
     for settings, results in cells.items():
         if settings.window == "unrestricted" and _attends(results):
             restarts = [[s for s in r.trace.steps if s.depth == 1] for r in results]
@@ -423,6 +425,7 @@ def peak_table(peaks: list[Trace], cells: dict[Settings, list[ClipResult]], half
                     [[s.draft_peak for s in steps] for steps in restarts],
                     [[s.reference_frame for s in steps] for steps in restarts],
                     half_width,
+                    frame_ms,
                 )
             )
     table = pd.DataFrame([asdict(row) for row in rows], columns=list(PeakAgreement.__dataclass_fields__))

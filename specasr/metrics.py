@@ -13,7 +13,6 @@ import pandas as pd
 from numpy.typing import ArrayLike
 from transformers.models.whisper.english_normalizer import EnglishTextNormalizer
 
-from specasr.targets import FRAME_MS
 from specasr.trace import Trace
 
 
@@ -313,10 +312,11 @@ def peak_agreement(
     peaks: list[list[int | None]],
     frames: list[list[int | None]],
     half_width: int,
-    frame_ms: float = FRAME_MS,
+    frame_ms: float,
     seed: int = 0,
 ) -> PeakAgreement:
-    """peaks[u][i]: the attention peak for token i of utterance u; frames[u][i]: its reference frame."""
+    """peaks[u][i]: the attention peak for token i of utterance u; frames[u][i]: its reference frame; half_width in
+    frames of `frame_ms`."""
     rng = np.random.default_rng(seed)
     pairs = [
         np.array([(p, f) for p, f in zip(utterance_peaks, utterance_frames, strict=True) if None not in (p, f)])
@@ -402,7 +402,7 @@ def outcome_error(errors_ms: Sequence[float], accepted: Sequence[bool], large_ms
     )
 
 
-def depth_profile(traces: list[Trace], draws: int = 1000, seed: int = 0, frame_ms: float = FRAME_MS) -> pd.DataFrame:
+def depth_profile(traces: list[Trace], draws: int = 1000, seed: int = 0) -> pd.DataFrame:
     """Per draft depth: restart-to-late anchor error (median |draft peak - reference frame|, ms) and conditional
     acceptance a_k^c, each with a 95% interval from resampling the traces (clips); a single trace has no spread."""
     k_max = max((t.settings.k for t in traces), default=0)
@@ -410,7 +410,7 @@ def depth_profile(traces: list[Trace], draws: int = 1000, seed: int = 0, frame_m
     errors = [
         [
             [
-                abs(s.draft_peak - s.reference_frame) * frame_ms
+                abs(s.draft_peak - s.reference_frame) * t.frame_seconds * 1000
                 for s in t.steps
                 if s.depth == depth and s.draft_peak is not None and s.reference_frame is not None
             ]

@@ -157,6 +157,8 @@ def _serve(connection, *peer) -> None:
 
 def load_peer(name: str, target: WhisperTarget, device: str, dtype: str) -> Peer:
     """A peer of DECODERS by name, for `target` on `device` in `dtype`."""
+    if not isinstance(target, WhisperTarget):
+        raise ValueError(f"the {name} peer decodes Whisper targets only, not {target.name!r}")
     if name == "faster-whisper":
         return PeerProcess(target, device, dtype)
     if name == "transformers":

@@ -19,7 +19,7 @@ from specasr.audio import SAMPLE_RATE, AudioTooLongError, Clip, split_windows
 from specasr.decode import Decoded, Origin, PhaseTimer, greedy, speculative
 from specasr.draft import Draft, resolve_draft
 from specasr.peers import Peer, load_peer
-from specasr.targets import DTYPES, WhisperTarget, load_target
+from specasr.targets import DTYPES, Target, load_target
 from specasr.trace import REFERENCE_SOURCES, Round, Segment, Settings, Trace, code_version
 from specasr.windows import RUNTIME_WINDOWS
 
@@ -33,13 +33,13 @@ class Pipeline:
 
     def __init__(self, store: "Store | None" = None):
         self.store = store
-        self._targets: dict[tuple, WhisperTarget] = {}
+        self._targets: dict[tuple, Target] = {}
         self._drafts: dict[tuple, tuple[Draft, str, str]] = {}  # the draft, its name and its weights hash
         self._aligners: dict[str, Aligner] = {}
         self._peers: dict[tuple, Peer] = {}
         self._references: dict[tuple, ClipReference] = {}
 
-    def target(self, settings: Settings) -> WhisperTarget:
+    def target(self, settings: Settings) -> Target:
         key = (settings.target, settings.device, settings.dtype)
         if key not in self._targets:
             self._targets[key] = load_target(*key)
@@ -100,7 +100,7 @@ class Pipeline:
         draft, draft_name, draft_hash = self._draft(settings) if settings.draft is not None else (None, "none", None)
         peer = self.peer(settings) if settings.decoder != "specasr" else None
         frontend = peer or target
-        windows = split_windows(clip.audio, target.window_samples, target.samples_per_frame)
+        windows = split_windows(clip.audio, target.window_samples, target.cut_samples)
         timer = PhaseTimer(target.device)
         memories = []
         for start, end in windows:
@@ -115,7 +115,7 @@ class Pipeline:
 
         segments, tokens, rounds, steps, verified = [], [], [], [], []
         for index, ((start, end), memory) in enumerate(zip(windows, memories, strict=True)):
-            origin = Origin(index, start // target.samples_per_frame, len(tokens), len(rounds))
+            origin = Origin(index, target.frames(start), len(tokens), len(rounds))
             valid_frames = target.valid_frames(end - start)
             with timer.phase("decode"):
                 if peer is not None:
@@ -141,6 +141,7 @@ class Pipeline:
             clip_seconds=clip.seconds,
             dataset=clip.dataset,
             reference_text=clip.text,
+            frame_seconds=target.frame_seconds,
             code=code_version(),
             draft_name=draft_name,
             draft_hash=draft_hash,
@@ -180,13 +181,13 @@ class Pipeline:
 
     def _align(self, clip: Clip, settings: Settings, windows, memories) -> ClipReference:
         target, aligner = self.target(settings), self.aligner(settings.aligner)
-        windows = windows or split_windows(clip.audio, target.window_samples, target.samples_per_frame)
+        windows = windows or split_windows(clip.audio, target.window_samples, target.cut_samples)
         window_tokens, frames, words = [], [], []
         for index, (start, end) in enumerate(windows):
             memory = memories[index] if memories else target.encode(target.features(clip.audio[start:end]))
             tokens = greedy(target, memory, target.valid_frames(end - start)).tokens
             aligned = align_tokens(aligner, target, clip.audio[start:end], tokens)
-            first_frame, offset = start // target.samples_per_frame, start / SAMPLE_RATE
+            first_frame, offset = target.frames(start), start / SAMPLE_RATE
             window_tokens.append(tokens)
             frames += [None if f is None else f + first_frame for f in aligned.frames]
             words += [replace(w, start=w.start + offset, end=w.end + offset) if w.aligned else w for w in aligned.words]
@@ -208,7 +209,7 @@ class Pipeline:
         return ClipReference(aligner.name, [tokens], aligned.frames, aligned.words)
 
 
-def _reference_file(path: Path, clip: Clip, target: WhisperTarget) -> ClipReference:
+def _reference_file(path: Path, clip: Clip, target: Target) -> ClipReference:
     """Frames a user supplied: a JSON list with one clip frame (or null) per transcript token."""
     try:
         frames = json.loads(path.read_text())

@@ -15,7 +15,7 @@ from tqdm import tqdm
 from specasr.audio import Clip, split_windows
 from specasr.metrics import word_error_rate
 from specasr.pipeline import Pipeline
-from specasr.targets import WhisperTarget
+from specasr.targets import Target
 from specasr.trace import Settings, Trace
 
 
@@ -33,11 +33,11 @@ def token_agreement(reference: list[int], candidate: list[int]) -> tuple[int, in
 
 
 @torch.inference_mode()
-def argmax_flips(target: WhisperTarget, clip: Clip, trace: Trace) -> Flips:
+def argmax_flips(target: Target, clip: Clip, trace: Trace) -> Flips:
     """Teacher-force every segment of a low-precision trace through the float32 `target` and compare its greedy
     choice with the token the trace emitted at each position."""
     positions, flips, margins = 0, 0, []
-    windows = split_windows(clip.audio, target.window_samples, target.samples_per_frame)
+    windows = split_windows(clip.audio, target.window_samples, target.cut_samples)
     for segment, (start, end) in zip(trace.segments, windows, strict=True):
         memory = target.encode(target.features(clip.audio[start:end]))
         emitted = trace.tokens[segment.first_token : segment.first_token + segment.tokens]

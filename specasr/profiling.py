@@ -11,7 +11,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from specasr.decode import Stopwatch, greedy_tokens
 from specasr.draft import Draft
-from specasr.targets import WhisperTarget
+from specasr.targets import Target
 
 KINDS = ("self-attention", "cross-attention", "linear", "lm head", "other")
 MATRIX_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear"}
@@ -63,7 +63,7 @@ def _shares(run: Callable[[], None], repeats: int, shapes: Shapes, device: torch
 
 @torch.inference_mode()
 def profile_round(
-    target: WhisperTarget, draft: Draft, memory: torch.Tensor, valid_frames: int, k: int, repeats: int = 50
+    target: Target, draft: Draft, memory: torch.Tensor, valid_frames: int, k: int, repeats: int = 50
 ) -> pd.DataFrame:
     """One row per pass, halfway through the clip's greedy transcript: its median time (ms, unprofiled; CUDA events
     on a GPU), its cost in target steps of one row, and each kind's share of its ops' time."""

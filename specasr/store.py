@@ -174,6 +174,7 @@ MIGRATIONS: list[list[str]] = [
         )""",
     ],
     ["""ALTER TABLE runs ADD COLUMN decoder VARCHAR DEFAULT 'specasr'"""],
+    ["""ALTER TABLE decodes ADD COLUMN frame_seconds DOUBLE DEFAULT 0.02"""],  # stores before it held Whisper only
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -2,8 +2,9 @@
 
 Levels (DESIGN.md): the decode itself (settings, code version, clip, segments, reference frames, timings), its
 rounds, the draft steps of each round, and every verified token. The pipeline builds it once, complete; metrics
-are computed from its rows. Frames count 20 ms encoder positions from the start of the clip, so a clip decoded
-in several 30 s segments keeps one time axis (a segment's own frame f is clip frame start_frame + f).
+are computed from its rows. Frames count the target's audio-memory positions (`frame_seconds` long: 20 ms for
+Whisper) from the start of the clip, so a clip decoded in several 30 s segments keeps one time axis (a segment's
+own frame f is clip frame start_frame + f).
 """
 
 import subprocess
@@ -167,6 +168,7 @@ class Trace:
     clip_seconds: float = 0.0
     dataset: str = ""
     reference_text: str = ""  # the clip's known transcript, if any
+    frame_seconds: float = 0.02  # the target's audio frame
     code: CodeVersion = CodeVersion("", None, None)
     draft_name: str = "none"  # name@hash, or none for greedy decoding
     draft_hash: str | None = None

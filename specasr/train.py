@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from specasr.cache import atomic_directory
 from specasr.draft import Draft, DraftConfig, load_draft, save_draft
-from specasr.targets import FRAME_SECONDS, WhisperTarget
+from specasr.targets import Target
 from specasr.trainset import SENTENCES, Example
 
 VARIANTS = {"control": (True, 0.0), "anchordraft": (True, 0.1), "no-audio": (False, 0.0)}  # audio, default lambda
@@ -177,11 +177,6 @@ class TrainConfig:
     def audio(self) -> bool:
         return VARIANTS[self.variant][0]
 
-    @property
-    def sigma_frames(self) -> float:
-        """The anchor target's width on the target's encoder grid."""
-        return self.sigma_ms / 1000 / FRAME_SECONDS
-
 
 def draft_vocabulary(
     examples: list[Example], size: int, prompt_length: int, eot: int, backfill: Counter | None = None
@@ -196,7 +191,7 @@ def draft_vocabulary(
     return sorted(chosen[:size])
 
 
-def corpus_counts(target: WhisperTarget, sentences: Path = SENTENCES) -> Counter:
+def corpus_counts(target: Target, sentences: Path = SENTENCES) -> Counter:
     """Token frequencies of the training sentence corpus, as the target's tokenizer splits it."""
     lines = [" " + line.strip() for line in sentences.read_text().splitlines() if line.strip()]
     return Counter(token for ids in target.tokenizer(lines, add_special_tokens=False).input_ids for token in ids)
@@ -246,7 +241,7 @@ def distributed() -> tuple[int, int]:
 
 
 def train(
-    target: WhisperTarget,
+    target: Target,
     examples: list[Example],
     config: TrainConfig,
     out: Path,
@@ -261,7 +256,8 @@ def train(
     shape = {"taps": tuple(config.taps)} if config.taps else {}
     shape |= {"ffn_dim": config.ffn_dim} if config.ffn_dim else {}
     taps = DraftConfig.for_target(target, **shape).taps
-    vocab = draft_vocabulary(examples, config.draft_vocab, len(target.prompt), target.eot, corpus_counts(target))
+    backfill = corpus_counts(target) if config.draft_vocab else None
+    vocab = draft_vocabulary(examples, config.draft_vocab, len(target.prompt), target.eot, backfill)
     settings = {**asdict(config), "data_hash": data_hash, "examples": len(examples), "sources": sources}
     settings = json.loads(json.dumps(settings))  # as the checkpoint's JSON will hold it, for the resume check
     draft_config = DraftConfig.for_target(
@@ -270,7 +266,7 @@ def train(
     draft = Draft(draft_config).attach(target).train()
     optimizer = torch.optim.AdamW(draft.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     start_epoch = _resume(draft, optimizer, out / "resume", target, settings)
-    objective = Objective(draft, config)
+    objective = Objective(draft, config, target.frame_seconds)
     model = DistributedDataParallel(objective) if world > 1 else objective
 
     draft_ids = torch.tensor(vocab) if vocab else torch.arange(target.vocab_size)
@@ -312,13 +308,14 @@ def train(
 class Objective(nn.Module):
     """The training loss as a module, so that DistributedDataParallel sees the draft's forward pass."""
 
-    def __init__(self, draft: Draft, config: TrainConfig):
+    def __init__(self, draft: Draft, config: TrainConfig, frame_seconds: float):
         super().__init__()
         self.draft, self.config = draft, config
+        self.sigma_frames = config.sigma_ms / 1000 / frame_seconds  # the anchor target's width on the audio grid
 
     def forward(self, batch: Batch) -> LossParts:
         c = self.config
-        return unrolled_loss(self.draft, batch, c.unroll, c.anchor_weight, c.sigma_frames, c.feature_weight)
+        return unrolled_loss(self.draft, batch, c.unroll, c.anchor_weight, self.sigma_frames, c.feature_weight)
 
 
 def _to(batch: Batch, device: torch.device) -> Batch:

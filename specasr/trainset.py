@@ -23,7 +23,7 @@ from specasr.audio import Clip, load_audio
 from specasr.cache import cache_dir
 from specasr.dataset import TRAIN_SPEECH_2_DIR, TRAIN_SPEECH_DIR, Utterance, heldout_ids, load_manifest
 from specasr.decode import greedy_tokens
-from specasr.targets import WhisperTarget
+from specasr.targets import Target
 
 FEATURE_VERSION = 2  # 2: shards list their clips; every synthetic clip has its own generator
 SHARD_SIZE = 64
@@ -99,31 +99,38 @@ def synthetic_source(tts: str, count: int, seed: int = 0, sentences: Path = SENT
     return Source(tts, {"seed": seed}, min(count, len(lines)), clip)
 
 
-def _reference_frames(target: WhisperTarget, clip: Clip, tokens: list[int], aligner: Aligner) -> list[int | None]:
+def _reference_frames(target: Target, clip: Clip, tokens: list[int], aligner: Aligner) -> list[int | None]:
     if clip.words is not None and normalize_for_alignment(target.decode_text(tokens)) == [w.word for w in clip.words]:
         return frames_from_words(target, tokens, clip.words, len(clip.audio))
     return align_tokens(aligner, target, clip.audio, tokens).frames
 
 
 @torch.inference_mode()
-def make_example(target: WhisperTarget, clip: Clip, aligner: Aligner) -> Example | None:
+def make_example(target: Target, clip: Clip, aligner: Aligner) -> Example | None:
     """The example for one clip, or None when the target hears no words in it."""
     memory = target.encode(target.features(clip.audio))
     transcript = greedy_tokens(target, memory)
     if not transcript:
         return None
+    frames = _reference_frames(target, clip, transcript, aligner)
+    return teacher_forced(target, clip.id, memory, target.valid_frames(len(clip.audio)), transcript, frames)
+
+
+@torch.inference_mode()
+def teacher_forced(
+    target: Target, clip_id: str, memory: torch.Tensor, valid_frames: int, transcript: list[int], frames: list
+) -> Example:
+    """An example from a transcript and its reference frames: the target's states at every layer, one pass."""
     tokens = [*target.prompt, *transcript, target.eot]
     cache = target.new_cache(memory, capacity=len(tokens) - 1)
     inputs = torch.tensor([tokens[:-1]], device=memory.device)
     hidden = target.forward(inputs, cache, taps=tuple(range(target.n_layers + 1))).hidden[0]
-    frames = [None] * len(target.prompt) + _reference_frames(target, clip, transcript, aligner) + [None]
-    valid = target.valid_frames(len(clip.audio))
     return Example(
-        id=clip.id,
+        id=clip_id,
         tokens=tokens,
-        frames=frames,
+        frames=[None] * len(target.prompt) + frames + [None],
         hidden=hidden.view(len(tokens) - 1, target.n_layers + 1, target.d_model).half().cpu(),
-        memory=memory[0, :valid].half().cpu(),
+        memory=memory[0, :valid_frames].half().cpu(),
     )
 
 
@@ -168,7 +175,7 @@ def feature_key(source: str, settings: dict) -> tuple[str, str]:
     return key, f"{source}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
 
 
-def feature_cache(target: WhisperTarget, source: Source) -> Path:
+def feature_cache(target: Target, source: Source) -> Path:
     """The cache folder for one target and one data source; any change of settings gets a new folder."""
     key, name = feature_key(source.name, source.settings)
     folder = cache_dir() / "train" / target.name.replace("/", "_") / name
@@ -182,7 +189,7 @@ def _shard_spans(count: int) -> list[tuple[int, int]]:
     return [(first, min(SHARD_SIZE, count - first)) for first in range(0, count, SHARD_SIZE)]
 
 
-def build_cache(target: WhisperTarget, source: Source, aligner: Aligner) -> Path:
+def build_cache(target: Target, source: Source, aligner: Aligner) -> Path:
     """Fill the source's cache folder with shards for its first `count` clips. Shards already holding their clips
     are kept, so an interrupted build resumes and a longer source only makes the clips a shorter one lacked (a
     shorter last shard is made again in full)."""
@@ -233,6 +240,6 @@ def training_sources(real: int, real_2: int, espeak: int, hibari: int, seed: int
     return [make() for count, make in makers if count]
 
 
-def prepare_examples(target: WhisperTarget, sources: list[Source], aligner: Aligner) -> list[Example]:
+def prepare_examples(target: Target, sources: list[Source], aligner: Aligner) -> list[Example]:
     """Build (or reuse) each source's cache for this target and load the examples of its first `count` clips."""
     return [e for source in sources for e in load_examples(build_cache(target, source, aligner), source.count)]

@@ -10,7 +10,6 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from specasr.targets import FRAME_MS, FRAME_SECONDS
 from specasr.trace import Trace
 
 BELOW = {"orientation": "h", "y": -0.25}  # legends under the plot keep narrow columns readable
@@ -35,8 +34,10 @@ def token_rows(trace: Trace, pieces: list[str]) -> pd.DataFrame:
             "text": pieces,
             "round": pd.Series(round_of, dtype=object),  # None: the first token, from the prompt pass
             "source": origin,
-            "reference_ms": [None if f is None else f * FRAME_MS for f in reference],
-            "verify_peaks_ms": [[p * FRAME_MS for p in verify[i]] if i in verify else None for i in range(len(pieces))],
+            "reference_ms": [None if f is None else f * trace.frame_seconds * 1000 for f in reference],
+            "verify_peaks_ms": [
+                [p * trace.frame_seconds * 1000 for p in verify[i]] if i in verify else None for i in range(len(pieces))
+            ],
         }
     )
 
@@ -68,7 +69,7 @@ def drift_figure(
     peak at `layer`, and the forced-alignment frame; the waveform above on the same axis."""
     figure = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.18, 0.82], vertical_spacing=0.03)
     if audio is not None and len(audio):
-        frames = max(1, len(audio) // int(rate * FRAME_SECONDS))
+        frames = max(1, len(audio) // int(rate * trace.frame_seconds))
         envelope = np.abs(audio[: frames * (len(audio) // frames)]).reshape(frames, -1).max(axis=1)
         times = np.arange(frames) * (len(audio) / rate / frames)
         figure.add_scatter(
@@ -82,7 +83,7 @@ def drift_figure(
     if windowed:
         xs, ys = [], []
         for s in windowed:
-            centre = s.window_centre * FRAME_SECONDS
+            centre = s.window_centre * trace.frame_seconds
             xs += [centre - half_width, centre + half_width, None]
             ys += [start[s.round] + s.depth - 1] * 2 + [None]
         figure.add_scatter(
@@ -100,7 +101,7 @@ def drift_figure(
         chosen = [s for s in steps if s.accepted == accepted and s.draft_peak is not None]
         positions = [start[s.round] + s.depth - 1 for s in chosen]
         figure.add_scatter(
-            x=[s.draft_peak * FRAME_SECONDS for s in chosen],
+            x=[s.draft_peak * trace.frame_seconds for s in chosen],
             y=positions,
             mode="markers",
             name=f"draft peak, proposal {name}",
@@ -110,10 +111,10 @@ def drift_figure(
                     label.get(p, p),
                     s.round,
                     s.depth,
-                    _ms(s.draft_peak),
-                    _ms(verification.get(p)),
-                    _ms(s.reference_frame),
-                    _ms(s.window_centre),
+                    _ms(s.draft_peak, trace.frame_seconds),
+                    _ms(verification.get(p), trace.frame_seconds),
+                    _ms(s.reference_frame, trace.frame_seconds),
+                    _ms(s.window_centre, trace.frame_seconds),
                 ]
                 for p, s in zip(positions, chosen, strict=True)
             ],
@@ -126,13 +127,16 @@ def drift_figure(
         )
     if verification:
         figure.add_scatter(
-            x=[peak * FRAME_SECONDS for peak in verification.values()],
+            x=[peak * trace.frame_seconds for peak in verification.values()],
             y=list(verification),
             mode="lines+markers",
             name=f"target verification peak (layer {layer})",
             line={"color": VERIFIED, "width": 1},
             marker={"size": 5},
-            customdata=[[label.get(position, position), _ms(peak)] for position, peak in verification.items()],
+            customdata=[
+                [label.get(position, position), _ms(peak, trace.frame_seconds)]
+                for position, peak in verification.items()
+            ],
             hovertemplate="token %{customdata[0]}<br>verification peak %{customdata[1]}<extra></extra>",
             row=2,
             col=1,
@@ -140,12 +144,12 @@ def drift_figure(
     if trace.reference_frames:
         known = [(i, f) for i, f in enumerate(trace.reference_frames) if f is not None]
         figure.add_scatter(
-            x=[f * FRAME_SECONDS for _, f in known],
+            x=[f * trace.frame_seconds for _, f in known],
             y=[i for i, _ in known],
             mode="markers",
             name="forced alignment",
             marker={"color": ALIGNED, "symbol": "diamond-open", "size": 8},
-            customdata=[[label.get(i, i), _ms(f)] for i, f in known],
+            customdata=[[label.get(i, i), _ms(f, trace.frame_seconds)] for i, f in known],
             hovertemplate="token %{customdata[0]}<br>forced alignment %{customdata[1]}<extra></extra>",
             row=2,
             col=1,
@@ -167,9 +171,9 @@ def drift_figure(
     return figure
 
 
-def _ms(frame: int | None) -> str:
+def _ms(frame: int | None, frame_seconds: float) -> str:
     """A clip frame for a hover: milliseconds, and the frame itself."""
-    return "-" if frame is None else f"{frame * FRAME_MS:.0f} ms (frame {frame})"
+    return "-" if frame is None else f"{frame * frame_seconds * 1000:.0f} ms (frame {frame})"
 
 
 def attention_heatmap(trace: Trace, pieces: list[str]) -> go.Figure:
@@ -193,14 +197,16 @@ def attention_heatmap(trace: Trace, pieces: list[str]) -> go.Figure:
     figure = go.Figure(
         go.Heatmap(
             z=matrix,
-            x=(np.arange(width) + offset) * FRAME_SECONDS,
+            x=(np.arange(width) + offset) * trace.frame_seconds,
             y=list(range(len(rows))),
             colorscale="Viridis",
             colorbar={"title": "attention"},
             hovertemplate="%{x:.2f} s<br>attention %{z:.3f}<extra></extra>",
         )
     )
-    aligned = [(i, s.reference_frame * FRAME_SECONDS) for i, s in enumerate(rows) if s.reference_frame is not None]
+    aligned = [
+        (i, s.reference_frame * trace.frame_seconds) for i, s in enumerate(rows) if s.reference_frame is not None
+    ]
     if aligned:
         figure.add_scatter(
             x=[x for _, x in aligned],

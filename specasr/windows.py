@@ -9,8 +9,6 @@ from collections import deque
 import torch
 from torch import Tensor
 
-from specasr.targets import FRAME_SECONDS
-
 WINDOWS = ("unrestricted", "correct", "shift", "random", "pointer", "runtime", "runtime-paced")
 REFERENCE_WINDOWS = ("correct", "shift", "pointer")  # the ones centred from reference frames
 RUNTIME_WINDOWS = ("runtime", "runtime-paced")  # the ones centred from verification attention
@@ -44,6 +42,7 @@ class WindowPolicy:
         half_width_ms: float,
         valid_frames: int,
         reference: list[int | None] | None,
+        frame_seconds: float,
         device: torch.device | str = "cpu",
     ):
         if window not in WINDOWS:
@@ -53,9 +52,9 @@ class WindowPolicy:
         self.kind = window
         self.valid_frames = valid_frames
         self.device = device
-        self.half_width = round(half_width_ms / 1000 / FRAME_SECONDS)
+        self.half_width = round(half_width_ms / 1000 / frame_seconds)
         self.reference = reference or []
-        shift = round(SHIFT_SECONDS / FRAME_SECONDS) if window == "shift" else 0
+        shift = round(SHIFT_SECONDS / frame_seconds) if window == "shift" else 0
         frames = [NO_WINDOW if f is None else self._clip(f + shift) for f in self.reference]
         self._reference_centres = torch.tensor(frames, dtype=torch.long, device=device)
         self._generator = torch.Generator(device).manual_seed(0)

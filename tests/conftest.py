@@ -4,6 +4,11 @@ import pytest
 import torch
 from transformers import (
     GenerationConfig,
+    Qwen3ASRConfig,
+    Qwen3ASRFeatureExtractor,
+    Qwen3ASRForConditionalGeneration,
+    VoxtralConfig,
+    VoxtralForConditionalGeneration,
     WhisperConfig,
     WhisperFeatureExtractor,
     WhisperForConditionalGeneration,
@@ -12,7 +17,7 @@ from transformers import (
 
 from specasr.dataset import DEFAULT_SPEECH_DIR, Utterance, load_manifest
 from specasr.pipeline import Pipeline
-from specasr.targets import WhisperTarget
+from specasr.targets import PrefixTarget, Qwen3ASRTarget, VoxtralTarget, WhisperTarget
 from specasr.targets.builtin import builtin_model_dir
 from specasr.trace import Settings
 
@@ -106,3 +111,50 @@ def random_whisper_target(
         max_length=max_length,
     )
     return WhisperTarget("random-whisper", model, *_tiny_en_text_tools())
+
+
+def random_prefix_target(
+    family: str,
+    seed: int,
+    layers: int,
+    heads: int,
+    vocab_size: int,
+    max_length: int,
+    init_std: float = 0.02,
+    kv_heads: int | None = None,
+) -> PrefixTarget:
+    """A tiny randomly initialised audio-prefix LLM (Qwen3-ASR or Voxtral) with token ids only: no tokenizer.
+
+    Ids: 1 ends the text (and 6, for Qwen3-ASR, whose checkpoints end on either of two ids), 2 comes before the
+    audio, 3 and 0 after it (the prompt); the last id is the audio placeholder.
+    """
+    torch.manual_seed(seed)
+    head_dim = 8
+    text = {
+        "vocab_size": vocab_size,
+        "hidden_size": heads * head_dim,
+        "intermediate_size": 3 * heads * head_dim,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads or max(1, heads // 2),
+        "head_dim": head_dim,
+        "max_position_embeddings": 2048,
+        "initializer_range": init_std,
+        "rms_norm_eps": 1e-6,
+    }
+    audio_token, eos = vocab_size - 1, [1, 6] if family == "qwen3_asr" else [1]
+    if family == "qwen3_asr":
+        config = Qwen3ASRConfig(
+            audio_config={"encoder_layers": 1, "encoder_attention_heads": 2, "encoder_ffn_dim": 32, "d_model": 16,
+                          "output_dim": heads * head_dim, "n_window_infer": 200, "downsample_hidden_size": 8},
+            text_config={**text, "tie_word_embeddings": True},
+            audio_token_id=audio_token, eos_token_id=eos, pad_token_id=1, initializer_range=init_std,
+        )  # fmt: skip
+        model, kind, features = Qwen3ASRForConditionalGeneration(config), Qwen3ASRTarget, Qwen3ASRFeatureExtractor()
+    else:
+        config = VoxtralConfig(
+            audio_config={"hidden_size": 16, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2},
+            text_config=text, audio_token_id=audio_token,
+        )  # fmt: skip
+        model, kind, features = VoxtralForConditionalGeneration(config), VoxtralTarget, WhisperFeatureExtractor(128)
+    return kind(f"random-{family}", model.eval(), None, features, [2], [3, 0], eos, max_length=max_length)

@@ -201,13 +201,15 @@ def test_peak_agreement_and_the_runtime_layer_rule():
         [[(f or 0) + 30 for f in u] for u in frames],
         [[7, 7, 7, 7, 7], [7] * 3],
     ]
-    exact, offset, flat = (peak_agreement(f"layer {i}", peaks, frames, half_width=20) for i, peaks in enumerate(layers))
+    exact, offset, flat = (
+        peak_agreement(f"layer {i}", peaks, frames, half_width=20, frame_ms=20.0) for i, peaks in enumerate(layers)
+    )
     assert exact.tokens == 7 and exact.pooled_r == pytest.approx(1.0) and exact.within_r == pytest.approx(1.0)
     assert exact.median_error_ms == 0 and exact.inside_window == 1.0 and exact.source == "layer 0"
     assert offset.within_r == pytest.approx(1.0) and offset.median_error_ms == 600 and offset.inside_window == 0.0
     assert flat.tokens == 7 and flat.inside_window == pytest.approx(5 / 7)
     assert math.isnan(flat.pooled_r) and math.isnan(flat.within_r)  # a constant track has no correlation
-    missing = peak_agreement("draft", [[None, 20, 30, 1, 40], [5, 15, 25]], frames, half_width=20)
+    missing = peak_agreement("draft", [[None, 20, 30, 1, 40], [5, 15, 25]], frames, half_width=20, frame_ms=20.0)
     assert missing.tokens == 6  # a token without a peak (a draft that did not propose there) is left out
     assert choose_runtime_layer([1.0, 0.0, 5 / 7]) == 0
     assert choose_runtime_layer([0.0, 0.99, 1.0]) == 1  # earliest within 0.02 of the best

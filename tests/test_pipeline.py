@@ -47,7 +47,7 @@ def test_a_70_s_clip_decodes_in_three_segments_as_each_window_alone(pipeline, sp
     trace = pipeline.decode(clip, settings)
 
     target = pipeline.target(settings)
-    windows = split_windows(clip.audio, target.window_samples, target.samples_per_frame)
+    windows = split_windows(clip.audio, target.window_samples, target.cut_samples)
     alone = [pipeline.decode(Clip(f"w{i}", clip.audio[a:b]), settings) for i, (a, b) in enumerate(windows)]
     assert len(trace.segments) == len(windows) == 3
     assert trace.text == " ".join(w.text for w in alone)
@@ -70,7 +70,7 @@ def test_reference_frames_do_not_depend_on_what_was_aligned_before(speech):
     clip = long_clip(speech, 70)
     settings = Settings(reference="always")
     target = Pipeline().target(settings)
-    start, end = split_windows(clip.audio, target.window_samples, target.samples_per_frame)[0]
+    start, end = split_windows(clip.audio, target.window_samples, target.cut_samples)[0]
     first = Clip("first window", clip.audio[start:end])
     fresh = Pipeline().reference(first, settings)
     seasoned = Pipeline()

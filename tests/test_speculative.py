@@ -1,5 +1,7 @@
 """The speculative loop returns exactly the greedy tokens, for any draft, K and window."""
 
+import itertools
+from collections import Counter
 from unittest.mock import patch
 
 import pytest
@@ -12,7 +14,7 @@ from specasr.decode import greedy, greedy_tokens, speculative
 from specasr.draft import Draft, random_draft
 from specasr.trace import Settings, Trace
 from specasr.windows import NO_WINDOW, WINDOWS, WindowPolicy
-from tests.conftest import random_whisper_target
+from tests.conftest import random_prefix_target, random_whisper_target
 
 
 def always_propose(draft: Draft, token: int) -> Draft:
@@ -23,6 +25,14 @@ def always_propose(draft: Draft, token: int) -> Draft:
     return draft
 
 
+def random_target(family: str, seed: int, layers: int, heads: int, vocab_size: int, max_length: int, init_std: float):
+    if family == "whisper":
+        return random_whisper_target(seed, layers, heads, vocab_size, max_length, init_std)
+    kv_heads = 1 + seed % heads if heads % (1 + seed % heads) == 0 else heads  # grouped and plain attention
+    return random_prefix_target(family, seed, layers, heads, vocab_size, max_length, init_std, kv_heads)
+
+
+@pytest.mark.parametrize("family", ["whisper", "qwen3_asr", "voxtral"])
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     seed=st.integers(0, 2**16),
@@ -41,6 +51,7 @@ def always_propose(draft: Draft, token: int) -> Draft:
     data=st.data(),
 )
 def test_speculative_equals_greedy_on_random_models(
+    family,
     seed,
     layers,
     heads,
@@ -56,7 +67,7 @@ def test_speculative_equals_greedy_on_random_models(
     fixed_shapes,
     data,
 ):
-    target = random_whisper_target(seed, layers, heads, vocab_size, max_length, init_std)
+    target = random_target(family, seed, layers, heads, vocab_size, max_length, init_std)
     taps = tuple(sorted(data.draw(st.sets(st.integers(0, layers), min_size=1, max_size=3))))
     draft = random_draft(target, audio=audio, seed=seed + 1, taps=taps)
     if constant is not None:
@@ -79,33 +90,35 @@ def test_speculative_equals_greedy_on_random_models(
     assert len(steps) == sum(len(r.proposed) for r in rounds)
 
 
-def test_random_models_exercise_partial_and_full_acceptance():
+@pytest.mark.parametrize("family", ["whisper", "qwen3_asr", "voxtral"])
+def test_random_models_exercise_partial_and_full_acceptance(family):
     """The property above only means something if its drafts get runs of tokens accepted and rejected."""
     accepted = set()
-    for seed in range(4):
-        target = random_whisper_target(seed, layers=2, heads=2, vocab_size=8, max_length=40)
+    for seed, init_std in itertools.product(range(8), (0.005, 0.3)):
+        target = random_target(family, seed, layers=2, heads=2, vocab_size=8, max_length=40, init_std=init_std)
         memory = torch.randn(1, 40, target.d_model, generator=torch.Generator().manual_seed(seed))
-        draft = always_propose(random_draft(target, seed=seed), token=3)
+        common = Counter(greedy_tokens(target, memory)).most_common(1)
+        draft = always_propose(random_draft(target, seed=seed), token=common[0][0] if common else 3)
         rounds = speculative(target, draft, memory, 40, Settings(draft="random", k=4)).rounds
         accepted |= {r.accepted for r in rounds}
     assert {0, 4} <= accepted and accepted & {1, 2, 3}
 
 
 def test_runtime_paced_centre_moves_on_at_the_recent_frames_per_token():
-    paced = WindowPolicy("runtime-paced", 400.0, valid_frames=30, reference=None)
+    paced = WindowPolicy("runtime-paced", 400.0, valid_frames=30, reference=None, frame_seconds=0.02)
     assert paced.centres(0, 1, verified=0).tolist() == [NO_WINDOW]  # nothing verified yet
     paced.observe_verified(0, torch.tensor([10]))
     assert paced.centres(1, 1, verified=1).tolist() == [10]  # one peak: no pace yet
     paced.observe_verified(1, torch.tensor([12, 14, 17]))  # tokens 0..3 at frames 10, 12, 14, 17: 7/3 per token
     # Depths 1..6 predict tokens 4..9: 17 + 7/3 * depth, rounded, clipped to the 30 valid frames.
     assert paced.centres(4, 6, verified=4).tolist() == [19, 22, 24, 26, 29, 29]
-    runtime = WindowPolicy("runtime", 400.0, valid_frames=30, reference=None)
+    runtime = WindowPolicy("runtime", 400.0, valid_frames=30, reference=None, frame_seconds=0.02)
     runtime.observe_verified(0, torch.tensor([10, 12, 14, 17]))
     assert runtime.centres(4, 6, verified=4).tolist() == [17] * 6
 
 
 def test_runtime_paced_reads_its_pace_from_the_last_eight_verified_tokens():
-    paced = WindowPolicy("runtime-paced", 400.0, valid_frames=100, reference=None)
+    paced = WindowPolicy("runtime-paced", 400.0, valid_frames=100, reference=None, frame_seconds=0.02)
     paced.observe_verified(0, torch.tensor([50, 50, 50, 50]))
     paced.observe_verified(4, torch.tensor([5, 6, 7, 8, 9, 10, 11, 12]))  # the last eight: one frame per token
     assert paced.centres(12, 1, verified=12).tolist() == [13]

@@ -4,6 +4,7 @@ import torch
 from specasr.draft import random_draft
 from specasr.train import (
     Batch,
+    Objective,
     TrainConfig,
     _chain_mask,
     anchor_loss,
@@ -102,9 +103,11 @@ def test_feature_noise_reaches_the_draft_input_and_never_the_regression_target(t
     assert loss.feature == pytest.approx(unrolled_loss(draft, clean, depths=3, anchor_weight=0.0, sigma=20.0).feature)
 
 
-def test_train_config_gives_the_anchor_width_in_time_and_lambda_per_variant():
-    assert TrainConfig().sigma_frames == pytest.approx(20.0)  # 400 ms on Whisper's 20 ms grid
-    assert TrainConfig(sigma_ms=100.0).sigma_frames == pytest.approx(5.0)
+def test_train_config_gives_the_anchor_width_in_time_and_lambda_per_variant(tiny_en):
+    draft = random_draft(tiny_en)
+    assert Objective(draft, TrainConfig(), frame_seconds=0.02).sigma_frames == pytest.approx(20.0)  # 400 ms
+    assert Objective(draft, TrainConfig(sigma_ms=100.0), frame_seconds=0.02).sigma_frames == pytest.approx(5.0)
+    assert Objective(draft, TrainConfig(), frame_seconds=0.08).sigma_frames == pytest.approx(5.0)  # an 80 ms grid
     assert TrainConfig(variant="anchordraft").anchor_weight == 0.1
     assert TrainConfig(variant="control").anchor_weight == 0.0
     assert TrainConfig(variant="control", anchor_weight=0.2).anchor_weight == 0.2

@@ -14,27 +14,12 @@ from torch import Tensor
 from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration, WhisperTokenizer
 
 from specasr.audio import SAMPLE_RATE
+from specasr.targets.base import DecoderOutput, FrozenHead, Target, vocabulary_logits
 
 HOP_LENGTH = 160  # samples per mel frame
 ENCODER_STRIDE = 2  # mel frames per encoder frame
-SAMPLES_PER_FRAME = HOP_LENGTH * ENCODER_STRIDE
-FRAME_SECONDS = SAMPLES_PER_FRAME / SAMPLE_RATE  # 20 ms per encoder frame
-FRAME_MS = FRAME_SECONDS * 1000
+SAMPLES_PER_FRAME = HOP_LENGTH * ENCODER_STRIDE  # 20 ms per encoder frame
 WINDOW_FRAMES = 1500  # encoder frames in one 30 s window
-
-
-def vocabulary_logits(hidden: Tensor, embedding: Tensor) -> Tensor:
-    """hidden @ embedding.T, with the vocabulary-sized matrix on the left of the product.
-
-    For the few rows of a decoding step CPU BLAS runs this layout several times faster (2-core EPYC, tiny.en's
-    51,864 x 384 head: 2 rows 1.6 ms instead of 10.5, 5 rows 2.5 instead of 8.5). A lone row is doubled because
-    the matrix-vector kernel is as slow as the other layout (5.5 ms; doubled, 2.2).
-    """
-    rows = hidden.reshape(-1, hidden.shape[-1])
-    n = rows.shape[0]
-    if n == 1:
-        rows = rows.repeat(2, 1)
-    return (embedding @ rows.T)[:, :n].T.reshape(*hidden.shape[:-1], -1)
 
 
 @dataclass
@@ -56,17 +41,11 @@ class KVCache:
         return self.self_keys.shape[3]
 
 
-@dataclass
-class DecoderOutput:
-    logits: Tensor  # (batch, tokens, vocab)
-    hidden: Tensor | None  # (batch, tokens, len(taps) * d_model): outputs of the tapped layers, concatenated
-    cross_attention: Tensor | None  # (attention_layers, batch, tokens, frames): averaged over heads
-
-
-class WhisperTarget:
+class WhisperTarget(Target):
     """A frozen Whisper model set up for English transcription without timestamps."""
 
-    samples_per_frame = SAMPLES_PER_FRAME
+    frame_seconds = SAMPLES_PER_FRAME / SAMPLE_RATE
+    cut_samples = SAMPLES_PER_FRAME
     window_samples = WINDOW_FRAMES * SAMPLES_PER_FRAME  # what one encoder pass hears: 30 s
 
     def __init__(
@@ -121,10 +100,8 @@ class WhisperTarget:
         mel = self.feature_extractor(audio, sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features
         return mel.to(self.device, self.dtype)
 
-    @staticmethod
-    def valid_frames(n_samples: int) -> int:
-        """Encoder frames that cover real audio; the rest of the 1500 are padding."""
-        return min(WINDOW_FRAMES, -(-n_samples // SAMPLES_PER_FRAME))
+    def frames(self, n_samples: int) -> int:
+        return -(-n_samples // SAMPLES_PER_FRAME)
 
     @torch.inference_mode()
     def encode(self, features: Tensor) -> Tensor:
@@ -211,21 +188,8 @@ class WhisperTarget:
         return DecoderOutput(
             logits=logits,
             hidden=torch.cat(tapped, dim=-1) if taps else None,
-            cross_attention=torch.stack(attention_rows) if attention_layers else None,
+            audio_attention=torch.stack(attention_rows) if attention_layers else None,
         )
-
-    @torch.inference_mode()
-    def attention_peaks(self, memory: Tensor, tokens: list[int], valid_frames: int) -> list[list[int]]:
-        """For each transcript token, the audio frame where each layer's head-averaged cross-attention peaked
-        while the target predicted it (one teacher-forced pass, as verification sees it; padding excluded)."""
-        if not tokens:
-            return []
-        inputs = [*self.prompt, *tokens[:-1]]
-        cache = self.new_cache(memory, capacity=len(inputs))
-        out = self.forward(
-            torch.tensor([inputs], device=memory.device), cache, attention_layers=tuple(range(self.n_layers))
-        )
-        return out.cross_attention[:, 0, len(self.prompt) - 1 :, :valid_frames].argmax(dim=-1).T.tolist()
 
     def greedy_tokens(self, logits: Tensor, first_index: int) -> Tensor:
         """Whisper's greedy choice for each row of logits (batch, T, vocab).
@@ -238,5 +202,6 @@ class WhisperTarget:
             logits[:, 0] = logits[:, 0].masked_fill(self.begin_suppress, float("-inf"))
         return logits.argmax(dim=-1)
 
-    def decode_text(self, tokens: list[int]) -> str:
-        return self.tokenizer.decode(tokens, skip_special_tokens=True).strip()
+    def frozen_head(self) -> FrozenHead:
+        decoder = self._decoder
+        return FrozenHead(decoder.embed_tokens.weight, decoder.embed_positions.weight, decoder.embed_tokens.weight)

@@ -1,0 +1,214 @@
+"""Audio-prefix targets: an audio encoder whose projected output is spliced into a decoder-only LLM's input.
+
+There is no cross-attention: the LLM reads the audio as a span of its own sequence (text before it, the audio
+frames, then the prompt), so a new cache runs that prefix once and the "audio attention" of a step is its
+self-attention over the audio span. The step is our own over the transformers weights (rotary positions,
+grouped key/value heads, Qwen3's per-head norms), with preallocated caches that roll back by length, as
+Whisper's. Families: Qwen3-ASR and Voxtral.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from specasr.audio import SAMPLE_RATE
+from specasr.targets.base import DecoderOutput, FrozenHead, Target, vocabulary_logits
+
+WINDOW_SECONDS = 30  # audio per encoder pass, as for Whisper: long clips are decoded in segments
+
+
+@dataclass
+class PrefixCache:
+    """Keys/values (layers, batch, kv_heads, positions, head_dim) of the prefix (text before the audio, the audio)
+    followed by the prompt and transcript; `length` counts the latter only, so the loops roll back as for Whisper."""
+
+    keys: Tensor
+    values: Tensor
+    prefix: int  # positions before the prompt
+    audio: slice  # positions of the audio frames
+    length: int = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.keys.shape[3] - self.prefix
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat([-second, first], dim=-1)
+
+
+class PrefixTarget(Target):
+    """A frozen audio-prefix LLM. `head`: token ids before the audio; `prompt`: the ids after it, up to where the
+    transcript begins. Subclasses say how audio becomes the projected memory and how long its frames are."""
+
+    window_samples = WINDOW_SECONDS * SAMPLE_RATE
+
+    def __init__(self, name, model, tokenizer, feature_extractor, head, prompt, eos_ids, max_length: int = 448):
+        self.name = name
+        self.model = model.eval().requires_grad_(False)
+        self.tokenizer = tokenizer
+        self.feature_extractor = feature_extractor
+        self._llm = model.model.language_model
+        config = self._llm.config
+        if "sliding_attention" in (getattr(config, "layer_types", None) or []):
+            raise ValueError(f"{name}: sliding-window attention layers are not supported")
+        self.n_layers = config.num_hidden_layers
+        self.n_heads = config.num_attention_heads
+        self.n_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.d_model = config.hidden_size
+        self.vocab_size = config.vocab_size
+        self.max_length = max_length
+        self.head = tuple(head)
+        self.prompt = tuple(prompt)
+        self.eos_ids = torch.tensor(sorted(eos_ids), device=model.device)
+        self.eot = min(eos_ids)
+        special = set(getattr(tokenizer, "all_special_ids", None) or [])
+        self.special_ids = frozenset(special | set(eos_ids))
+        self.runtime_layer = self.n_layers - 1
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.dtype
+
+    def frozen_head(self) -> FrozenHead:
+        return FrozenHead(self._llm.embed_tokens.weight, None, self.model.lm_head.weight)
+
+    def greedy_tokens(self, logits: Tensor, first_index: int) -> Tensor:
+        choice = logits.argmax(dim=-1)
+        return torch.where(torch.isin(choice, self.eos_ids), self.eot, choice)
+
+    # the cached decoder
+
+    @torch.inference_mode()
+    def new_cache(self, memory: Tensor, capacity: int | None = None) -> PrefixCache:
+        """Runs the text before the audio and the audio itself once; the prompt comes next."""
+        head = self._llm.embed_tokens(torch.tensor([self.head], device=memory.device)).expand(memory.shape[0], -1, -1)
+        prefix = torch.cat([head, memory.to(head.dtype)], dim=1)
+        n_prefix = prefix.shape[1]
+        shape = (
+            self.n_layers,
+            memory.shape[0],
+            self.n_kv_heads,
+            n_prefix + (capacity or self.max_length),
+            self.head_dim,
+        )
+        cache = PrefixCache(memory.new_zeros(shape, dtype=head.dtype), memory.new_zeros(shape, dtype=head.dtype), 0,
+                            slice(len(self.head), n_prefix))  # fmt: skip
+        self._layers(prefix, cache, 0, (), ())
+        cache.prefix = n_prefix
+        return cache
+
+    @torch.inference_mode()
+    def forward(
+        self, tokens: Tensor, cache: PrefixCache, taps: tuple[int, ...] = (), attention_layers: tuple[int, ...] = ()
+    ) -> DecoderOutput:
+        if cache.length + tokens.shape[1] > cache.capacity:
+            raise ValueError(
+                f"decoder cache holds {cache.capacity} positions; {cache.length + tokens.shape[1]} requested"
+            )
+        x, tapped, rows = self._layers(self._llm.embed_tokens(tokens), cache, cache.prefix + cache.length, taps,
+                                       attention_layers)  # fmt: skip
+        cache.length += tokens.shape[1]
+        return DecoderOutput(
+            logits=vocabulary_logits(self._llm.norm(x), self.model.lm_head.weight),
+            hidden=torch.cat(tapped, dim=-1) if taps else None,
+            audio_attention=torch.stack(rows) if attention_layers else None,
+        )
+
+    def _layers(self, x: Tensor, cache: PrefixCache, start: int, taps, attention_layers):
+        """The decoder layers over `x` at absolute positions start..; keys/values written into the cache."""
+        batch, n_new = x.shape[:2]
+        end = start + n_new
+        steps = torch.arange(start, end, device=x.device)
+        cos, sin = (t.unsqueeze(1) for t in self._llm.rotary_emb(x, steps[None].expand(batch, -1)))
+        causal = torch.arange(end, device=x.device) <= steps[:, None]
+        tapped = [x] if 0 in taps else []
+        rows = []
+        for i, layer in enumerate(self._llm.layers):
+            attn = layer.self_attn
+            h = layer.input_layernorm(x)
+            q, k = (
+                attn.q_proj(h).view(batch, n_new, -1, self.head_dim),
+                attn.k_proj(h).view(batch, n_new, -1, self.head_dim),
+            )
+            if hasattr(attn, "q_norm"):
+                q, k = attn.q_norm(q), attn.k_norm(k)
+            q, k = q.transpose(1, 2), k.transpose(1, 2)
+            q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+            cache.keys[i, :, :, start:end] = k
+            cache.values[i, :, :, start:end] = attn.v_proj(h).view(batch, n_new, -1, self.head_dim).transpose(1, 2)
+            keys, values = cache.keys[i, :, :, :end], cache.values[i, :, :, :end]
+            if i in attention_layers:
+                groups = self.n_heads // self.n_kv_heads
+                keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
+                scores = (q @ keys.transpose(-1, -2)) * attn.scaling
+                weights = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
+                out = weights @ values
+                rows.append(weights[..., cache.audio].mean(dim=1))
+            else:
+                out = F.scaled_dot_product_attention(
+                    q, keys, values, attn_mask=causal, scale=attn.scaling, enable_gqa=True
+                )
+            x = x + attn.o_proj(out.transpose(1, 2).reshape(batch, n_new, -1))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            if i + 1 in taps:
+                tapped.append(x)
+        return x, tapped, rows
+
+
+@dataclass
+class QwenFeatures:
+    input_features: Tensor  # (1, mels, padded frames)
+    mask: Tensor  # (1, padded frames): 1 on real audio
+
+
+class Qwen3ASRTarget(PrefixTarget):
+    """Qwen3-ASR: a chunked audio encoder (1 s chunks of 13 frames) projected into a Qwen3 LLM."""
+
+    frame_seconds = 1 / 13  # three stride-2 convolutions turn a 100-frame (1 s) mel chunk into 13 frames
+    cut_samples = SAMPLE_RATE  # one encoder chunk
+
+    def frames(self, n_samples: int) -> int:
+        n_samples = max(n_samples, self.feature_extractor.min_length)
+        mel = -(-n_samples // self.feature_extractor.hop_length)
+        chunk = 2 * self.model.config.audio_config.n_window
+        rest = mel % chunk
+        for _ in range(3):
+            rest = (rest - 1) // 2 + 1 if rest > 0 else 0
+        return mel // chunk * 13 + rest
+
+    def features(self, audio: np.ndarray) -> QwenFeatures:
+        out = self.feature_extractor(audio, sampling_rate=SAMPLE_RATE, return_attention_mask=True)
+        return QwenFeatures(out.input_features.to(self.device, self.dtype), out.attention_mask.to(self.device))
+
+    @torch.inference_mode()
+    def encode(self, features: QwenFeatures) -> Tensor:
+        audio = self.model.model.get_audio_features(features.input_features, features.mask, return_dict=True)
+        return audio.pooler_output[None]
+
+
+class VoxtralTarget(PrefixTarget):
+    """Voxtral: a Whisper encoder over 30 s windows, four 20 ms frames stacked into one 80 ms frame of a Llama LLM."""
+
+    frame_seconds = 0.08
+    cut_samples = 1280  # 80 ms
+
+    def frames(self, n_samples: int) -> int:
+        return -(-n_samples // self.cut_samples)
+
+    def features(self, audio: np.ndarray) -> Tensor:
+        mel = self.feature_extractor(audio, sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features
+        return mel.to(self.device, self.dtype)
+
+    @torch.inference_mode()
+    def encode(self, features: Tensor) -> Tensor:
+        return self.model.model.get_audio_features(features, return_dict=True).pooler_output[None]
