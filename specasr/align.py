@@ -449,7 +449,7 @@ def token_frames(
     special_ids: set[int],
     *,
     valid_frames: int,
-    frame_seconds: float = 0.02,
+    frame_seconds: float,
 ) -> list[int | None]:
     """The token-to-frame rule (paper A.3): one reference frame per token, None where there is no valid time.
 
@@ -459,7 +459,7 @@ def token_frames(
     (punctuation, a partial UTF-8 byte) reuses the latest valid time an earlier token took, skipping unaligned
     ones; None if there was none yet. Special tokens get None. `char_times[i]` is the time of the i-th alphanumeric
     character of the decoded transcript (see char_times_from_words). Frames are rounded to `frame_seconds` and
-    clipped to the valid (non-padding) frames; for Whisper, 0.02 s and ceil(samples / 320).
+    clipped to the valid (non-padding) frames; for Whisper, 0.02 s and ceil(samples / 320) (the target says).
     """
     if valid_frames < 1:
         raise ValueError(f"valid_frames must be positive, got {valid_frames}")

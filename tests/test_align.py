@@ -37,33 +37,35 @@ def tenth_seconds(count: int) -> list[float | None]:
 
 def test_token_frames_rule_on_a_hand_made_sequence():
     ids = [SOT, 10, 11, 12, 13, 13, 14, 15, 16, EOT]  # " The cat, sat sat untied." -> "thecatsatsatuntied"
-    frames = token_frames(ids, decode, tenth_seconds(18), {SOT, EOT}, valid_frames=1500)
+    frames = token_frames(ids, decode, tenth_seconds(18), {SOT, EOT}, valid_frames=1500, frame_seconds=0.02)
     # special -> None; each word token -> its last character; "," and "." reuse the latest time; the repeated
     # " sat" takes its own new characters; " un" + "tied" is one word, each token its own last character.
     assert frames == [None, 15, 30, 30, 45, 60, 70, 90, 90, None]
+    on_80ms = token_frames(ids, decode, tenth_seconds(18), {SOT, EOT}, valid_frames=375, frame_seconds=0.08)
+    assert on_80ms == [None, 4, 8, 8, 11, 15, 18, 23, 23, None]  # the same times on Voxtral's grid, rounded half up
 
 
 def test_leading_punctuation_has_no_time_yet():
-    frames = token_frames([SOT, 12, 10], decode, tenth_seconds(3), {SOT}, valid_frames=1500)
+    frames = token_frames([SOT, 12, 10], decode, tenth_seconds(3), {SOT}, valid_frames=1500, frame_seconds=0.02)
     assert frames == [None, None, 15]
 
 
 def test_frames_are_clipped_to_the_valid_audio():
-    frames = token_frames([10, 11, 13], decode, tenth_seconds(9), set(), valid_frames=40)
+    frames = token_frames([10, 11, 13], decode, tenth_seconds(9), set(), valid_frames=40, frame_seconds=0.02)
     assert frames == [15, 30, 39]
 
 
 def test_unaligned_characters_stay_none_and_punctuation_reuses_the_latest_valid_time():
     times = tenth_seconds(9)
     times[3:6] = [None, None, None]  # "cat" could not be aligned
-    frames = token_frames([10, 11, 12, 13], decode, times, set(), valid_frames=1500)
+    frames = token_frames([10, 11, 12, 13], decode, times, set(), valid_frames=1500, frame_seconds=0.02)
     assert frames == [15, None, 15, 45]
 
 
 def test_punctuation_after_only_unaligned_characters_has_no_time():
     times = tenth_seconds(6)
     times[0:3] = [None, None, None]  # "the" could not be aligned
-    frames = token_frames([10, 12, 11], decode, times, set(), valid_frames=1500)
+    frames = token_frames([10, 12, 11], decode, times, set(), valid_frames=1500, frame_seconds=0.02)
     assert frames == [None, None, 30]
 
 
@@ -73,13 +75,13 @@ def test_partial_utf8_bytes_add_no_character_until_completed():
     def decode_bytes(ids: list[int]) -> str:
         return b"".join(pieces[i] for i in ids).decode("utf-8", errors="replace")
 
-    frames = token_frames([1, 2, 3, 4], decode_bytes, tenth_seconds(6), set(), valid_frames=1500)
+    frames = token_frames([1, 2, 3, 4], decode_bytes, tenth_seconds(6), set(), valid_frames=1500, frame_seconds=0.02)
     assert frames == [15, 15, 20, 30]
 
 
 def test_token_frames_rejects_char_times_shorter_than_the_transcript():
     with pytest.raises(ValueError):
-        token_frames([10, 11], decode, tenth_seconds(4), set(), valid_frames=1500)
+        token_frames([10, 11], decode, tenth_seconds(4), set(), valid_frames=1500, frame_seconds=0.02)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -82,6 +82,20 @@ def test_a_bad_upload_shows_its_message_and_stores_nothing():
     assert app.button(key="run").disabled and len(Store().runs()) == before
 
 
+def test_a_local_folder_target_is_read_and_refused_with_its_reason(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "bert"}')
+    before = len(Store().runs())
+    app = page()
+    app.sidebar.selectbox(key="target").set_value("a local model folder").run()
+    app.sidebar.text_input(key="target_folder").set_value(str(tmp_path)).run()
+    assert app.sidebar.selectbox(key="draft").options == ["random", "random-no-audio"]  # no shipped draft fits it
+    app.number_input(key="repeats").set_value(1)
+    app.button(key="run").click().run()
+    assert not app.exception
+    assert "'bert' model; specasr reads these families: whisper, qwen3_asr, voxtral" in app.error[0].value
+    assert len(Store().runs()) == before
+
+
 def test_windows_page_draws_every_window():
     app = page("windows")
     use_random_draft(app, k=3)

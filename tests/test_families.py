@@ -112,9 +112,8 @@ def test_a_trained_draft_saves_loads_and_stays_lossless(tmp_path, family):
     trained = train(target, examples, config, tmp_path / "draft", data_hash="test")
     loaded = load_draft(tmp_path / "draft", target, dtype=torch.float32)
     assert loaded.config.target == target.name and loaded.config.training["examples"] == 4
-    assert all(
-        torch.equal(a.half(), b.half()) for a, b in zip(trained.state_dict().values(), loaded.state_dict().values())
-    )
+    saved, read = trained.state_dict(), loaded.state_dict()
+    assert saved.keys() == read.keys() and all(torch.equal(saved[k].half(), read[k].half()) for k in saved)
     memory = target.encode(target.features(_audio(1.5, 0)))
     valid = target.valid_frames(24000)
     for window in ("unrestricted", "runtime"):
@@ -125,4 +124,11 @@ def test_a_trained_draft_saves_loads_and_stays_lossless(tmp_path, family):
 def test_a_folder_of_another_model_type_is_refused_clearly(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "bert"}')
     with pytest.raises(TargetUnavailableError, match="'bert' model; specasr reads these families: whisper"):
+        load_target(str(tmp_path))
+
+
+def test_a_checkpoint_folder_without_its_processor_is_refused_clearly(tmp_path):
+    target = random_prefix_target("qwen3_asr", seed=0, layers=1, heads=2, vocab_size=16, max_length=20)
+    target.model.save_pretrained(tmp_path)
+    with pytest.raises(TargetUnavailableError, match=f"could not load qwen3_asr target '{tmp_path}'"):
         load_target(str(tmp_path))

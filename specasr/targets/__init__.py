@@ -128,10 +128,10 @@ def _load_voxtral(name: str, source: str, dtype: torch.dtype, device: torch.devi
     model = VoxtralForConditionalGeneration.from_pretrained(source, dtype=dtype).to(device)
     try:
         processor = AutoProcessor.from_pretrained(source)
+        silence = np.zeros(SAMPLE_RATE, np.float32)
         request = processor.apply_transcription_request(
-            audio=np.zeros(SAMPLE_RATE, np.float32), model_id=source, language="en", sampling_rate=SAMPLE_RATE,
-            format=["wav"],
-        )  # fmt: skip
+            audio=silence, model_id=source, language="en", sampling_rate=SAMPLE_RATE, format=["wav"]
+        )
     except ImportError as error:
         raise TargetUnavailableError(f"Voxtral's transcription prompt needs mistral-common: {error}") from error
     head, prompt = _split_prompt(request["input_ids"][0].tolist(), model.config.audio_token_id)

@@ -7,12 +7,14 @@ grouped key/value heads, Qwen3's per-head norms), with preallocated caches that 
 Whisper's. Families: Qwen3-ASR and Voxtral.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from transformers import FeatureExtractionMixin, PreTrainedModel, PreTrainedTokenizerBase
 
 from specasr.audio import SAMPLE_RATE
 from specasr.targets.base import DecoderOutput, FrozenHead, Target, vocabulary_logits
@@ -47,7 +49,17 @@ class PrefixTarget(Target):
 
     window_samples = WINDOW_SECONDS * SAMPLE_RATE
 
-    def __init__(self, name, model, tokenizer, feature_extractor, head, prompt, eos_ids, max_length: int = 448):
+    def __init__(
+        self,
+        name: str,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase | None,
+        feature_extractor: FeatureExtractionMixin,
+        head: Sequence[int],
+        prompt: Sequence[int],
+        eos_ids: Sequence[int],
+        max_length: int = 448,
+    ):
         self.name = name
         self.model = model.eval().requires_grad_(False)
         self.tokenizer = tokenizer
@@ -101,8 +113,9 @@ class PrefixTarget(Target):
             n_prefix + (capacity or self.max_length),
             self.head_dim,
         )
-        cache = PrefixCache(memory.new_zeros(shape, dtype=head.dtype), memory.new_zeros(shape, dtype=head.dtype), 0,
-                            slice(len(self.head), n_prefix))  # fmt: skip
+        cache = PrefixCache(
+            head.new_zeros(shape), head.new_zeros(shape), prefix=0, audio=slice(len(self.head), n_prefix)
+        )
         self._layers(prefix, cache, 0, (), ())
         cache.prefix = n_prefix
         return cache
@@ -115,8 +128,8 @@ class PrefixTarget(Target):
             raise ValueError(
                 f"decoder cache holds {cache.capacity} positions; {cache.length + tokens.shape[1]} requested"
             )
-        x, tapped, rows = self._layers(self._llm.embed_tokens(tokens), cache, cache.prefix + cache.length, taps,
-                                       attention_layers)  # fmt: skip
+        start = cache.prefix + cache.length
+        x, tapped, rows = self._layers(self._llm.embed_tokens(tokens), cache, start, taps, attention_layers)
         cache.length += tokens.shape[1]
         return DecoderOutput(
             logits=vocabulary_logits(self._llm.norm(x), self.model.lm_head.weight),
@@ -124,7 +137,9 @@ class PrefixTarget(Target):
             audio_attention=torch.stack(rows) if attention_layers else None,
         )
 
-    def _layers(self, x: Tensor, cache: PrefixCache, start: int, taps, attention_layers):
+    def _layers(
+        self, x: Tensor, cache: PrefixCache, start: int, taps: tuple[int, ...], attention_layers: tuple[int, ...]
+    ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
         """The decoder layers over `x` at absolute positions start..; keys/values written into the cache."""
         batch, n_new = x.shape[:2]
         end = start + n_new
