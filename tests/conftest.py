@@ -2,8 +2,13 @@ from functools import cache
 
 import pytest
 import torch
+from tokenizers import Tokenizer
+from tokenizers.decoders import WordPiece
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import WhitespaceSplit
 from transformers import (
     GenerationConfig,
+    PreTrainedTokenizerFast,
     Qwen3ASRConfig,
     Qwen3ASRFeatureExtractor,
     Qwen3ASRForConditionalGeneration,
@@ -123,7 +128,7 @@ def random_prefix_target(
     init_std: float = 0.02,
     kv_heads: int | None = None,
 ) -> PrefixTarget:
-    """A tiny randomly initialised audio-prefix LLM (Qwen3-ASR or Voxtral) with token ids only: no tokenizer.
+    """A tiny randomly initialised audio-prefix LLM (Qwen3-ASR or Voxtral) with a word-per-id tokenizer ("w5" is 5).
 
     Ids: 1 ends the text (and 6, for Qwen3-ASR, whose checkpoints end on either of two ids), 2 comes before the
     audio, 3 and 0 after it (the prompt); the last id is the audio placeholder.
@@ -157,4 +162,11 @@ def random_prefix_target(
             text_config=text, audio_token_id=audio_token,
         )  # fmt: skip
         model, kind, features = VoxtralForConditionalGeneration(config), VoxtralTarget, WhisperFeatureExtractor(128)
-    return kind(f"random-{family}", model.eval(), None, features, [2], [3, 0], eos, max_length=max_length)
+    return kind(f"random-{family}", model.eval(), _word_tokenizer(vocab_size), features, [2], [3, 0], eos, max_length)
+
+
+def _word_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
+    words = Tokenizer(WordLevel({f"w{i}": i for i in range(vocab_size)}, unk_token="w0"))
+    words.pre_tokenizer = WhitespaceSplit()
+    words.decoder = WordPiece(prefix="##")  # joins words with spaces
+    return PreTrainedTokenizerFast(tokenizer_object=words, eos_token="w1")

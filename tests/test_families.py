@@ -8,8 +8,11 @@ import numpy as np
 import pytest
 import torch
 
+from specasr.audio import Clip, split_windows
 from specasr.decode import greedy_tokens, speculative
 from specasr.draft import DraftMismatchError, load_draft, random_draft, save_draft
+from specasr.pipeline import Pipeline
+from specasr.store import Store
 from specasr.targets import TargetUnavailableError, load_target
 from specasr.trace import Settings
 from specasr.train import TrainConfig, train
@@ -132,3 +135,27 @@ def test_a_checkpoint_folder_without_its_processor_is_refused_clearly(tmp_path):
     target.model.save_pretrained(tmp_path)
     with pytest.raises(TargetUnavailableError, match=f"could not load qwen3_asr target '{tmp_path}'"):
         load_target(str(tmp_path))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_pipeline_decodes_long_audio_on_the_targets_own_frames(tmp_path, family):
+    """A 40 s clip through the pipeline: two windows, segment frames on the target's grid, greedy == speculative,
+    and the trace's frame duration kept in the store."""
+    target = random_prefix_target(family, seed=2, layers=2, heads=2, vocab_size=16, max_length=24, init_std=0.5)
+    pipeline = Pipeline(Store(tmp_path / "runs.duckdb"))
+    pipeline._targets[(target.name, "cpu", "float32")] = target  # as load_target would hand it over
+    clip = Clip("long", _audio(40.0))
+    greedy = pipeline.decode(clip, Settings(target=target.name))
+    runtime = Settings(target=target.name, draft="random", k=3, window="runtime", reference="never")
+    trace = pipeline.decode(clip, runtime)
+
+    assert trace.tokens == greedy.tokens and trace.text == greedy.text
+    assert trace.frame_seconds == target.frame_seconds
+    windows = split_windows(clip.audio, target.window_samples, target.cut_samples)
+    assert len(windows) == 2 and windows[1][0] % target.cut_samples == 0
+    assert [s.start_frame for s in trace.segments] == [0, target.frames(windows[1][0])]
+    assert [s.valid_frames for s in trace.segments] == [target.valid_frames(end - start) for start, end in windows]
+    second = [v for v in greedy.verified if v.position >= trace.segments[1].first_token]
+    assert all(trace.segments[1].start_frame <= p for v in second for p in v.verify_peaks)  # clip frames
+    run = pipeline.store.write_run([trace], command="test")
+    assert pipeline.store.traces(run)[0].frame_seconds == target.frame_seconds

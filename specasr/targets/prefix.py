@@ -193,13 +193,16 @@ class Qwen3ASRTarget(PrefixTarget):
     cut_samples = SAMPLE_RATE  # one encoder chunk
 
     def frames(self, n_samples: int) -> int:
-        n_samples = max(n_samples, self.feature_extractor.min_length)
         mel = -(-n_samples // self.feature_extractor.hop_length)
         chunk = 2 * self.model.config.audio_config.n_window
         rest = mel % chunk
         for _ in range(3):
             rest = (rest - 1) // 2 + 1 if rest > 0 else 0
         return mel // chunk * 13 + rest
+
+    def valid_frames(self, n_samples: int) -> int:
+        # the feature extractor pads a short clip with silence that the encoder then treats as audio
+        return super().valid_frames(max(n_samples, self.feature_extractor.min_length))
 
     def features(self, audio: np.ndarray) -> QwenFeatures:
         out = self.feature_extractor(audio, sampling_rate=SAMPLE_RATE, return_attention_mask=True)
