@@ -34,7 +34,7 @@ def test_user_mistakes_exit_non_zero_without_traceback(tmp_path):
 
 def test_unknown_target_is_a_user_error(capsys, sample_clips):
     assert main(["transcribe", str(sample_clips[0].path), "--target", "whisper-huge"]) == 2
-    assert "unknown target" in capsys.readouterr().err
+    assert "no target 'whisper-huge': it is not a local folder" in capsys.readouterr().err
 
 
 def test_decode_json_has_rounds_metrics_and_timings(capsys, sample_clips):

@@ -64,8 +64,10 @@ def test_failed_conversion_leaves_nothing_behind(monkeypatch, tmp_path):
 
 
 def test_unknown_target_and_missing_device_are_clear_errors():
-    with pytest.raises(TargetUnavailableError, match="unknown target"):
+    with pytest.raises(TargetUnavailableError, match="no target 'whisper-huge': it is not a local folder"):
         load_target("whisper-huge")
+    with pytest.raises(TargetUnavailableError, match="no target '/no/such/model': it is not a local folder"):
+        load_target("/no/such/model")  # a path, never taken for a hub id
     if not torch.cuda.is_available():
         with pytest.raises(TargetUnavailableError, match="no CUDA device"):
             load_target("whisper-tiny.en", device="cuda")

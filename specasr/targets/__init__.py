@@ -59,9 +59,10 @@ def load_target(name: str, device: str = "cpu", dtype: str = "float32") -> Targe
         target = _load_whisper(name, builtin_model_dir(name), DTYPES[dtype], torch_device)
         target.runtime_layer = BUILTIN_TARGETS[name].runtime_layer
         return target
-    if not Path(name).is_dir() and "/" not in name:
+    if not Path(name).is_dir() and not _is_hub_id(name):
         raise TargetUnavailableError(
-            f"unknown target {name!r}: use one of {', '.join(BUILTIN_TARGETS)}, a local model folder, or a hub id"
+            f"no target {name!r}: it is not a local folder; use one of {', '.join(BUILTIN_TARGETS)}, "
+            "a local model folder, or a hub id (owner/name)"
         )
     family = _family(name)
     load = {"whisper": _load_whisper, "qwen3_asr": _load_qwen3_asr, "voxtral": _load_voxtral}[family]
@@ -69,6 +70,11 @@ def load_target(name: str, device: str = "cpu", dtype: str = "float32") -> Targe
         return load(name, name, DTYPES[dtype], torch_device)
     except (OSError, ValueError) as error:
         raise TargetUnavailableError(f"could not load {family} target {name!r}: {error}") from error
+
+
+def _is_hub_id(name: str) -> bool:
+    owner, _, model = name.partition("/")
+    return bool(owner and model) and "/" not in model and not name.startswith((".", "~"))
 
 
 def _family(source: str) -> str:
