@@ -7,6 +7,7 @@ grouped key/value heads, Qwen3's per-head norms), with preallocated caches that 
 Whisper's. Families: Qwen3-ASR and Voxtral.
 """
 
+from abc import abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -14,10 +15,20 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from transformers import FeatureExtractionMixin, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoProcessor,
+    FeatureExtractionMixin,
+    GenerationConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    ProcessorMixin,
+    Qwen3ASRForConditionalGeneration,
+    VoxtralForConditionalGeneration,
+)
 
 from specasr.audio import SAMPLE_RATE
 from specasr.targets.base import DecoderOutput, FrozenHead, Target, vocabulary_logits
+from specasr.targets.builtin import TargetUnavailableError
 
 WINDOW_SECONDS = 30  # audio per encoder pass, as for Whisper: long clips are decoded in segments
 
@@ -48,6 +59,7 @@ class PrefixTarget(Target):
     transcript begins. Subclasses say how audio becomes the projected memory and how long its frames are."""
 
     window_samples = WINDOW_SECONDS * SAMPLE_RATE
+    model_class: type[PreTrainedModel]
 
     def __init__(
         self,
@@ -82,6 +94,28 @@ class PrefixTarget(Target):
         special = set(getattr(tokenizer, "all_special_ids", None) or [])
         self.special_ids = frozenset(special | set(eos_ids))
         self.runtime_layer = self.n_layers - 1
+
+    @classmethod
+    def from_pretrained(cls, source: str, dtype: torch.dtype, device: torch.device) -> "PrefixTarget":
+        """A local transformers folder or hub id; the prompt is the one its processor builds for transcription."""
+        model = cls.model_class.from_pretrained(source, dtype=dtype).to(device)
+        processor = AutoProcessor.from_pretrained(source)
+        ids = cls.transcription_request(processor, source)
+        audio = model.config.audio_token_id
+        if audio not in ids:
+            raise ValueError(f"the processor's transcription request holds no audio token {audio}")
+        head, prompt = ids[: ids.index(audio)], ids[len(ids) - ids[::-1].index(audio) :]
+        try:
+            eos = GenerationConfig.from_pretrained(source).eos_token_id
+        except OSError:
+            eos = model.config.text_config.eos_token_id
+        eos = list(eos) if isinstance(eos, (list, tuple)) else [eos]
+        return cls(source, model, processor.tokenizer, processor.feature_extractor, head, prompt, eos)
+
+    @staticmethod
+    @abstractmethod
+    def transcription_request(processor: ProcessorMixin, source: str) -> list[int]:
+        """Token ids of the processor's English transcription request for one second of silence."""
 
     @property
     def device(self) -> torch.device:
@@ -191,6 +225,12 @@ class Qwen3ASRTarget(PrefixTarget):
 
     frame_seconds = 1 / 13  # three stride-2 convolutions turn a 100-frame (1 s) mel chunk into 13 frames
     cut_samples = SAMPLE_RATE  # one encoder chunk
+    model_class = Qwen3ASRForConditionalGeneration
+
+    @staticmethod
+    def transcription_request(processor: ProcessorMixin, source: str) -> list[int]:
+        request = processor.apply_transcription_request(np.zeros(SAMPLE_RATE, np.float32), language="English")
+        return request["input_ids"][0].tolist()
 
     def frames(self, n_samples: int) -> int:
         mel = -(-n_samples // self.feature_extractor.hop_length)
@@ -219,6 +259,18 @@ class VoxtralTarget(PrefixTarget):
 
     frame_seconds = 0.08
     cut_samples = 1280  # 80 ms
+    model_class = VoxtralForConditionalGeneration
+
+    @staticmethod
+    def transcription_request(processor: ProcessorMixin, source: str) -> list[int]:
+        silence = np.zeros(SAMPLE_RATE, np.float32)
+        try:
+            request = processor.apply_transcription_request(
+                audio=silence, model_id=source, language="en", sampling_rate=SAMPLE_RATE, format=["wav"]
+            )
+        except ImportError as error:
+            raise TargetUnavailableError(f"Voxtral's transcription prompt needs mistral-common: {error}") from error
+        return request["input_ids"][0].tolist()
 
     def frames(self, n_samples: int) -> int:
         return -(-n_samples // self.cut_samples)
