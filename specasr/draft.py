@@ -65,6 +65,11 @@ class DraftCache:
     audio_values: Tensor | None
     valid_frames: int
     length: int = 0
+    static: bool = False  # attended whole under masks, audio padded: fixed shapes for CUDA graphs
+
+    @property
+    def capacity(self) -> int:
+        return self.keys.shape[2]
 
 
 @dataclass
@@ -136,13 +141,19 @@ class Draft(nn.Module):
     def vocab_to_target(self, draft_tokens: Tensor) -> Tensor:
         return self._frozen["vocab_ids"][draft_tokens]
 
-    def new_cache(self, memory: Tensor, valid_frames: int, capacity: int) -> DraftCache:
+    def new_cache(self, memory: Tensor, valid_frames: int, capacity: int, frames: int | None = None) -> DraftCache:
         """An empty cache for one clip; the audio keys/values are projected once here, for the valid frames only
-        (the draft never attends padding, so it need not keep it)."""
+        (the draft never attends padding, so it need not keep it). With `frames`, a static cache: the audio is
+        padded to that many frames and every step attends the whole cache under masks (CUDA graphs)."""
         memory = memory[:, :valid_frames].to(self.dtype)
+        if frames is not None:
+            memory = F.pad(memory, (0, 0, 0, frames - valid_frames))
         shape = (memory.shape[0], self.config.n_heads, capacity, self.head_dim)
         audio_keys, audio_values = self.audio_memory(memory) if self.config.audio else (None, None)
-        return DraftCache(memory.new_zeros(shape), memory.new_zeros(shape), audio_keys, audio_values, valid_frames)
+        return DraftCache(
+            memory.new_zeros(shape), memory.new_zeros(shape), audio_keys, audio_values, valid_frames,
+            static=frames is not None,
+        )  # fmt: skip
 
     def audio_memory(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """The encoder output (batch, frames, d_model) projected to audio keys and values, split into heads."""
@@ -193,28 +204,39 @@ class Draft(nn.Module):
         x = x + self.ffn(self.ffn_norm(x))
         return DraftOutput(hidden=self.out_norm(x), features=self.feature_head(x), attention=attention)
 
-    def forward(self, features: Tensor, tokens: Tensor, cache: DraftCache, window: Tensor | None = None) -> DraftOutput:
+    def forward(
+        self,
+        features: Tensor,
+        tokens: Tensor,
+        cache: DraftCache,
+        window: Tensor | None = None,
+        positions: Tensor | None = None,
+    ) -> DraftOutput:
         """Steps at positions cache.length.. for target features (batch, T, F) and tokens x_{t+1} (batch, T).
 
         window: (batch, T, frames) boolean over the cache's audio frames, the ones each step may attend; None
         allows every valid frame.
+        positions: (T,) the steps' positions as a device tensor (a CUDA graph's input); the caller then keeps
+        cache.length, which a step without them advances itself.
         """
-        start, end = cache.length, cache.length + tokens.shape[1]
-        positions = torch.arange(start, end, device=tokens.device)
+        end = cache.length + tokens.shape[1]
+        if positions is None:
+            positions = torch.arange(cache.length, end, device=tokens.device)
+            cache.length = end
         table = self._frozen.get("positions")
         last_position = end if table is None else table.shape[0] - 1  # rows past it only pad a fixed-size block
         x = self.embed(features, tokens, positions.clamp(max=last_position))
         q, k, v = self.self_qkv(x)
-        cache.keys[:, :, start:end] = k
-        cache.values[:, :, start:end] = v
-        cache.length = end
-        causal = torch.arange(end, device=x.device) <= positions[:, None]
+        cache.keys.index_copy_(2, positions, k)
+        cache.values.index_copy_(2, positions, v)
+        visible = cache.capacity if cache.static else end
+        causal = torch.arange(visible, device=x.device) <= positions[:, None]
         audio, frames = None, 0
         if self.config.audio:
             audio, frames = (cache.audio_keys, cache.audio_values), cache.audio_keys.shape[2]
         if window is None:
             window = (torch.arange(frames, device=x.device) < cache.valid_frames)[None, None]
-        return self.block(x, q, cache.keys[:, :, :end], cache.values[:, :, :end], causal, audio, window)
+        return self.block(x, q, cache.keys[:, :, :visible], cache.values[:, :, :visible], causal, audio, window)
 
     def logits(self, hidden: Tensor) -> Tensor:
         """Scores over the draft vocabulary through the target's frozen LM head; only for the rows that need them."""

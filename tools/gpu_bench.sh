@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmark the shipped drafts, time them beside the peer decoders, profile a round, check float16 / bfloat16
+# Check CUDA graph replays against eager steps, benchmark the shipped drafts, time them beside the peer decoders, profile a round, check float16 / bfloat16
 # against float32 greedy and time draft training on a lent GPU machine (README, "GPU host").
 # `python -m tools.gpu_stage` packs the converted weights, the evaluation clips, missing wheels, one shard of
 # training features and the sentence corpus into .devcarry/p1, p2, ... and .devcarry/last; each pN travels in a
@@ -7,6 +7,7 @@
 # `last`, reassembles them.
 set -euo pipefail
 source tools/gpu_setup.sh
+python3 -m pytest -q tests/test_graphs.py 2>&1 | tail -3 | tee -a $out/graphs.txt || echo "FAILED: graphs"  # replay == eager
 for run in ${RUNS:-4:2 2:1}; do  # K:repeats
     for target in whisper-tiny.en whisper-base; do
         python3 -m specasr experiment --device cuda --dtype float16 --target $target --draft shipped \

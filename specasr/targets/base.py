@@ -82,17 +82,25 @@ class Target(ABC):
         """The audio memory (1, frames, d_model) the decoder reads and the draft attends."""
 
     @abstractmethod
-    def new_cache(self, memory: Tensor, capacity: int | None = None) -> DecoderCache:
-        """A cache for one window, ready for the prompt; capacity counts prompt and transcript tokens."""
+    def new_cache(self, memory: Tensor, capacity: int | None = None, static: bool = False) -> DecoderCache:
+        """A cache for one window, ready for the prompt; capacity counts prompt and transcript tokens. A static cache
+        is attended whole under a mask, so that a step's shapes never change (CUDA graphs)."""
 
     @abstractmethod
     def forward(
-        self, tokens: Tensor, cache: DecoderCache, taps: tuple[int, ...] = (), attention_layers: tuple[int, ...] = ()
+        self,
+        tokens: Tensor,
+        cache: DecoderCache,
+        taps: tuple[int, ...] = (),
+        attention_layers: tuple[int, ...] = (),
+        positions: Tensor | None = None,
     ) -> DecoderOutput:
         """Run `tokens` (batch, T) at positions cache.length.. and append them to the cache.
 
         taps: decoder layers (1-based; 0 is the embedding) whose outputs to return.
         attention_layers: decoder layers (0-based) whose head-averaged attention over the audio to return.
+        positions: (T,) the tokens' positions as a device tensor (a CUDA graph's input); the caller then keeps
+        cache.length, which a step without them advances itself.
         """
 
     @abstractmethod

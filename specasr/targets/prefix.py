@@ -43,6 +43,7 @@ class PrefixCache:
     prefix: int  # positions before the prompt
     audio: slice  # positions of the audio frames
     length: int = 0
+    static: bool = False
 
     @property
     def capacity(self) -> int:
@@ -135,7 +136,7 @@ class PrefixTarget(Target):
     # the cached decoder
 
     @torch.inference_mode()
-    def new_cache(self, memory: Tensor, capacity: int | None = None) -> PrefixCache:
+    def new_cache(self, memory: Tensor, capacity: int | None = None, static: bool = False) -> PrefixCache:
         """Runs the text before the audio and the audio itself once; the prompt comes next."""
         head = self._llm.embed_tokens(torch.tensor([self.head], device=memory.device)).expand(memory.shape[0], -1, -1)
         prefix = torch.cat([head, memory.to(head.dtype)], dim=1)
@@ -150,21 +151,29 @@ class PrefixTarget(Target):
         cache = PrefixCache(
             head.new_zeros(shape), head.new_zeros(shape), prefix=0, audio=slice(len(self.head), n_prefix)
         )
-        self._layers(prefix, cache, 0, (), ())
-        cache.prefix = n_prefix
+        self._layers(prefix, cache, torch.arange(n_prefix, device=memory.device), n_prefix, (), ())
+        cache.prefix, cache.static = n_prefix, static
         return cache
 
     @torch.inference_mode()
     def forward(
-        self, tokens: Tensor, cache: PrefixCache, taps: tuple[int, ...] = (), attention_layers: tuple[int, ...] = ()
+        self,
+        tokens: Tensor,
+        cache: PrefixCache,
+        taps: tuple[int, ...] = (),
+        attention_layers: tuple[int, ...] = (),
+        positions: Tensor | None = None,
     ) -> DecoderOutput:
-        if cache.length + tokens.shape[1] > cache.capacity:
-            raise ValueError(
-                f"decoder cache holds {cache.capacity} positions; {cache.length + tokens.shape[1]} requested"
-            )
-        start = cache.prefix + cache.length
-        x, tapped, rows = self._layers(self._llm.embed_tokens(tokens), cache, start, taps, attention_layers)
-        cache.length += tokens.shape[1]
+        end = cache.length + tokens.shape[1]
+        if end > cache.capacity:
+            raise ValueError(f"decoder cache holds {cache.capacity} positions; {end} requested")
+        if positions is None:
+            positions = torch.arange(cache.length, end, device=tokens.device)
+            cache.length = end
+        visible = cache.keys.shape[3] if cache.static else cache.prefix + end
+        x, tapped, rows = self._layers(
+            self._llm.embed_tokens(tokens), cache, cache.prefix + positions, visible, taps, attention_layers
+        )
         return DecoderOutput(
             logits=vocabulary_logits(self._llm.norm(x), self.model.lm_head.weight),
             hidden=torch.cat(tapped, dim=-1) if taps else None,
@@ -172,14 +181,19 @@ class PrefixTarget(Target):
         )
 
     def _layers(
-        self, x: Tensor, cache: PrefixCache, start: int, taps: tuple[int, ...], attention_layers: tuple[int, ...]
+        self,
+        x: Tensor,
+        cache: PrefixCache,
+        steps: Tensor,
+        visible: int,
+        taps: tuple[int, ...],
+        attention_layers: tuple[int, ...],
     ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
-        """The decoder layers over `x` at absolute positions start..; keys/values written into the cache."""
+        """The decoder layers over `x` at absolute positions `steps`, keys/values written into the cache; each row
+        attends the first `visible` positions, up to its own."""
         batch, n_new = x.shape[:2]
-        end = start + n_new
-        steps = torch.arange(start, end, device=x.device)
         cos, sin = (t.unsqueeze(1) for t in self._llm.rotary_emb(x, steps[None].expand(batch, -1)))
-        causal = torch.arange(end, device=x.device) <= steps[:, None]
+        causal = torch.arange(visible, device=x.device) <= steps[:, None]
         tapped = [x] if 0 in taps else []
         rows = []
         for i, layer in enumerate(self._llm.layers):
@@ -193,9 +207,9 @@ class PrefixTarget(Target):
                 q, k = attn.q_norm(q), attn.k_norm(k)
             q, k = q.transpose(1, 2), k.transpose(1, 2)
             q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-            cache.keys[i, :, :, start:end] = k
-            cache.values[i, :, :, start:end] = attn.v_proj(h).view(batch, n_new, -1, self.head_dim).transpose(1, 2)
-            keys, values = cache.keys[i, :, :, :end], cache.values[i, :, :, :end]
+            cache.keys[i].index_copy_(2, steps, k)
+            cache.values[i].index_copy_(2, steps, attn.v_proj(h).view(batch, n_new, -1, self.head_dim).transpose(1, 2))
+            keys, values = cache.keys[i, :, :, :visible], cache.values[i, :, :, :visible]
             if i in attention_layers:
                 groups = self.n_heads // self.n_kv_heads
                 keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)

@@ -27,7 +27,8 @@ class KVCache:
     """Self-attention keys/values up to a fixed capacity, and one clip's cross-attention keys/values.
 
     Shapes: (layers, batch, heads, positions, head_dim). Entries at or beyond `length` are stale;
-    rolling back is just lowering `length`.
+    rolling back is just lowering `length`. A static cache is always attended whole, under a mask, so that a step's
+    shapes never change (CUDA graphs).
     """
 
     self_keys: Tensor
@@ -35,6 +36,7 @@ class KVCache:
     cross_keys: Tensor
     cross_values: Tensor
     length: int = 0
+    static: bool = False
 
     @property
     def capacity(self) -> int:
@@ -110,7 +112,7 @@ class WhisperTarget(Target):
     # the cached decoder
 
     @torch.inference_mode()
-    def new_cache(self, memory: Tensor, capacity: int | None = None) -> KVCache:
+    def new_cache(self, memory: Tensor, capacity: int | None = None, static: bool = False) -> KVCache:
         """Empty self-attention cache, and cross-attention keys/values computed once for this clip."""
         batch, capacity = memory.shape[0], capacity or self.max_length
         shape = (self.n_layers, batch, self.n_heads, capacity, self.head_dim)
@@ -124,6 +126,7 @@ class WhisperTarget(Target):
             self_values=memory.new_zeros(shape),
             cross_keys=torch.stack(cross_keys),
             cross_values=torch.stack(cross_values),
+            static=static,
         )
 
     def _heads(self, x: Tensor) -> Tensor:
@@ -139,33 +142,33 @@ class WhisperTarget(Target):
         cache: KVCache,
         taps: tuple[int, ...] = (),
         attention_layers: tuple[int, ...] = (),
+        positions: Tensor | None = None,
     ) -> DecoderOutput:
-        """Run `tokens` (batch, T) at positions cache.length.. and append them to the cache.
-
-        taps: decoder layers (1-based; 0 is the embedding) whose outputs to return.
-        attention_layers: decoder layers (0-based) whose head-averaged cross-attention to return.
-        """
         start, n_new = cache.length, tokens.shape[1]
         end = start + n_new
         if end > cache.capacity:
             raise ValueError(f"decoder cache holds {cache.capacity} positions; {end} requested")
+        if positions is None:
+            positions = torch.arange(start, end, device=tokens.device)
+            cache.length = end
         decoder = self._decoder
-        steps = torch.arange(start, end, device=tokens.device)
-        positions = decoder.embed_positions.weight
+        table = decoder.embed_positions.weight
         # Rows past the last position exist only as padding of a fixed-size verification block; their outputs are
         # never read.
-        x = decoder.embed_tokens(tokens) + positions[steps.clamp(max=positions.shape[0] - 1)]
-        causal = torch.arange(end, device=tokens.device) <= steps[:, None]
+        x = decoder.embed_tokens(tokens) + table[positions.clamp(max=table.shape[0] - 1)]
+        visible = cache.capacity if cache.static else end
+        causal = torch.arange(visible, device=tokens.device) <= positions[:, None]
         tapped = [x] if 0 in taps else []
         attention_rows = []
         for i, layer in enumerate(decoder.layers):
             attn = layer.self_attn
             h = layer.self_attn_layer_norm(x)
             q = self._heads(attn.q_proj(h) * attn.scaling)
-            cache.self_keys[i, :, :, start:end] = self._heads(attn.k_proj(h))
-            cache.self_values[i, :, :, start:end] = self._heads(attn.v_proj(h))
+            keys, values = cache.self_keys[i], cache.self_values[i]
+            keys.index_copy_(2, positions, self._heads(attn.k_proj(h)))
+            values.index_copy_(2, positions, self._heads(attn.v_proj(h)))
             out = F.scaled_dot_product_attention(
-                q, cache.self_keys[i, :, :, :end], cache.self_values[i, :, :, :end], attn_mask=causal, scale=1.0
+                q, keys[:, :, :visible], values[:, :, :visible], attn_mask=causal, scale=1.0
             )
             x = x + attn.out_proj(self._merge_heads(out))
 
@@ -183,7 +186,6 @@ class WhisperTarget(Target):
             x = x + layer.fc2(layer.activation_fn(layer.fc1(h)))
             if i + 1 in taps:
                 tapped.append(x)
-        cache.length = end
         logits = vocabulary_logits(decoder.layer_norm(x), decoder.embed_tokens.weight)
         return DecoderOutput(
             logits=logits,
