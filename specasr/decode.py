@@ -15,12 +15,13 @@ import torch
 from torch import Tensor
 
 from specasr.draft import Draft
+from specasr.graphs import round_steps
 from specasr.targets import Target
 from specasr.targets.base import audio_peaks
 from specasr.trace import DraftStep, Round, Settings, Timings, VerifiedToken
 from specasr.windows import NO_WINDOW, RUNTIME_WINDOWS, WindowPolicy
 
-FIXED_SHAPE_DEVICES = ("cuda",)  # the catch-up keeps its padding there (CUDA graphs); on a CPU padding only costs
+FIXED_SHAPE_DEVICES = ("cuda",)  # rounds replay captured steps there (CUDA graphs); on a CPU padding only costs
 
 
 class PhaseTimer:
@@ -121,14 +122,16 @@ def speculative(
     reference: list[int | None] | None = None,
     origin: Origin = Origin(),
     on_round: Callable[[Round], None] | None = None,
+    captured: dict | None = None,
 ) -> Decoded:
     """The speculative loop for one segment (batch 1): the greedy transcript tokens and the rows of every round.
 
     reference: the segment's own frame for each of its transcript tokens, for the windows centred from them.
     on_round: called with every round as it ends (progress reports; its time counts in the decode phase).
+    captured: where the round's captured steps are kept between segments (CUDA graphs); none: captured anew.
     """
     with torch.inference_mode():
-        loop = _SpeculativeLoop(target, draft, memory, valid_frames, settings, reference, origin)
+        loop = _SpeculativeLoop(target, draft, memory, valid_frames, settings, reference, origin, captured)
         return loop.run(on_round)
 
 
@@ -153,18 +156,16 @@ def _read(tensors: list[Tensor]) -> list[list[int]]:
 class _SpeculativeLoop:
     """One segment's rounds, each of fixed shapes after the first on CUDA: the draft catches up over K + 1 positions
     (the ones the last verification accepted, then padding; on a CPU only the accepted ones) and takes K - 1 single
-    steps; the target verifies K + 1 tokens. Proposals past a threshold stop or the length limit are computed and
-    dropped. Window centres and masks are computed on the device; the host reads the device once per round."""
+    steps; the target verifies K + 1 tokens; there these three steps replay CUDA graphs over static caches.
+    Proposals past a threshold stop or the length limit are computed and dropped. Window centres and masks are
+    computed on the device; the host reads the device once per round."""
 
-    def __init__(self, target, draft, memory, valid_frames, settings, reference, origin):
+    def __init__(self, target, draft, memory, valid_frames, settings, reference, origin, captured):
         self.target, self.draft, self.settings, self.origin = target, draft, settings, origin
         self.device = memory.device
         self.policy = WindowPolicy(
             settings.window, settings.half_width_ms, valid_frames, reference, target.frame_seconds, self.device
         )
-        capacity = target.max_length + settings.k + 1  # the last block's padding runs past the length limit
-        self.target_cache = target.new_cache(memory, capacity)
-        self.draft_cache = draft.new_cache(memory, valid_frames, capacity)
         runtime_layer = settings.runtime_layer if settings.runtime_layer is not None else target.runtime_layer
         if not 0 <= runtime_layer < target.n_layers:
             raise ValueError(f"runtime layer {runtime_layer} outside the target's {target.n_layers} decoder layers")
@@ -174,6 +175,19 @@ class _SpeculativeLoop:
             self.attention_layers = (runtime_layer,)
         self.stopwatch = Stopwatch(self.device)
         self.fixed_shapes = self.device.type in FIXED_SHAPE_DEVICES
+        capacity = target.max_length + settings.k + 1  # the last block's padding runs past the length limit
+        self.steps = None
+        if self.fixed_shapes:
+            captured = {} if captured is None else captured
+            key = (id(target), id(draft), settings.k, capacity, memory.shape[1], self.attention_layers)
+            if key not in captured:
+                captured[key] = round_steps(target, draft, memory, settings.k, capacity, self.attention_layers)
+            self.steps = captured[key]
+            self.steps.load(target, draft, memory, valid_frames)
+            self.target_cache, self.draft_cache = self.steps.target_cache, self.steps.draft_cache
+        else:
+            self.target_cache = target.new_cache(memory, capacity)
+            self.draft_cache = draft.new_cache(memory, valid_frames, capacity)
         self.tokens: list[int] = []
         self.result = Decoded(self.tokens)
 
@@ -234,8 +248,13 @@ class _SpeculativeLoop:
         start = self.stopwatch.mark()
         # The step at draft position t predicts transcript token t + 2 - n_prompt.
         rows = inputs.shape[1] if self.fixed_shapes else last + 1
-        caught_up = self.policy.centres(self.draft_cache.length + 2 - n_prompt, rows, verified)
-        out = draft(features[:, :rows], inputs[:, :rows], self.draft_cache, self._mask(caught_up))
+        first = self.draft_cache.length
+        caught_up = self.policy.centres(first + 2 - n_prompt, rows, verified)
+        if self.steps is not None and rows == k + 1:
+            positions = torch.arange(first, first + rows, device=self.device)
+            out = self.steps.catch_up(features[:, :rows], inputs[:, :rows], self._mask(caught_up), positions)
+        else:
+            out = draft(features[:, :rows], inputs[:, :rows], self.draft_cache, self._mask(caught_up))
         self.draft_cache.length = position
         centres = torch.cat([caught_up[last : last + 1], self.policy.centres(verified + 1, k - 1, verified)])
         hidden, next_features = out.hidden[:, last], out.features[:, last : last + 1]
@@ -247,14 +266,18 @@ class _SpeculativeLoop:
             confidences.append(confidence)
             if depth == k:
                 break
-            out = draft(next_features, proposals[-1][:, None], self.draft_cache, self._mask(centres[depth : depth + 1]))
+            out = self._draft_step(next_features, proposals[-1][:, None], centres[depth : depth + 1])
             hidden, next_features = out.hidden[:, -1], out.features[:, -1:]
             if out.attention is not None:
-                attention.append(out.attention[0, -1])
+                attention.append(out.attention[0, -1].clone())  # a replay overwrites its outputs
         drafted = self.stopwatch.mark()
 
         proposed = torch.cat(proposals)
-        out = self._verify(torch.cat([inputs[0, last : last + 1], proposed])[None])
+        block = torch.cat([inputs[0, last : last + 1], proposed])[None]
+        if self.steps is not None:
+            out = self.steps.verify(block, torch.arange(position, position + k + 1, device=self.device))
+        else:
+            out = self._verify(block)
         choices = target.greedy_tokens(out.logits, verified)[0]
         peaks = self._verification_peaks(out.audio_attention)
         verified_at = self.stopwatch.mark()
@@ -294,7 +317,18 @@ class _SpeculativeLoop:
         # The next catch-up reads the verified features and the target's choices, real up to row `accepted`.
         return finished, out.hidden, choices[None], accepted
 
+    def _draft_step(self, features: Tensor, token: Tensor, centres: Tensor):
+        if self.steps is None:
+            return self.draft(features, token, self.draft_cache, self._mask(centres))
+        position = self.draft_cache.length
+        self.draft_cache.length += 1
+        return self.steps.step(features, token, self._mask(centres), torch.tensor([position], device=self.device))
+
     def _mask(self, centres: Tensor) -> Tensor | None:
+        """Which audio frames the draft may attend; captured steps read a mask over the padded audio even without
+        audio attention, as their input shapes are fixed."""
+        if self.steps is not None:
+            return self.policy.mask(centres, self.draft_cache.frames)
         return self.policy.mask(centres) if self.draft.config.audio else None
 
     def _record_steps(

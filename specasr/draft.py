@@ -64,6 +64,7 @@ class DraftCache:
     audio_keys: Tensor | None
     audio_values: Tensor | None
     valid_frames: int
+    frames: int  # audio frames it holds: the valid ones, or padded to a fixed count
     length: int = 0
     static: bool = False  # attended whole under masks, audio padded: fixed shapes for CUDA graphs
 
@@ -150,10 +151,9 @@ class Draft(nn.Module):
             memory = F.pad(memory, (0, 0, 0, frames - valid_frames))
         shape = (memory.shape[0], self.config.n_heads, capacity, self.head_dim)
         audio_keys, audio_values = self.audio_memory(memory) if self.config.audio else (None, None)
-        return DraftCache(
-            memory.new_zeros(shape), memory.new_zeros(shape), audio_keys, audio_values, valid_frames,
-            static=frames is not None,
-        )  # fmt: skip
+        keys, values = memory.new_zeros(shape), memory.new_zeros(shape)
+        static = frames is not None
+        return DraftCache(keys, values, audio_keys, audio_values, valid_frames, memory.shape[1], static=static)
 
     def audio_memory(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """The encoder output (batch, frames, d_model) projected to audio keys and values, split into heads."""

@@ -38,6 +38,7 @@ class Pipeline:
         self._aligners: dict[str, Aligner] = {}
         self._peers: dict[tuple, Peer] = {}
         self._references: dict[tuple, ClipReference] = {}
+        self._captured: dict = {}  # the speculative round's CUDA graphs, kept across clips
 
     def target(self, settings: Settings) -> Target:
         key = (settings.target, settings.device, settings.dtype)
@@ -124,7 +125,9 @@ class Pipeline:
                     result = greedy(target, memory, valid_frames, settings.verify_peaks, origin)
                 else:
                     frames = reference.window_frames(index, origin.frame) if reference else None
-                    result = speculative(target, draft, memory, valid_frames, settings, frames, origin, on_round)
+                    result = speculative(
+                        target, draft, memory, valid_frames, settings, frames, origin, on_round, self._captured
+                    )
             segments.append(Segment(index, origin.frame, valid_frames, len(tokens), len(result.tokens)))
             tokens += result.tokens
             rounds += result.rounds

@@ -103,7 +103,6 @@ class WindowPolicy:
         frames = (tokens - j1).double() * rate + f1
         return frames.round().clamp(0, self.valid_frames - 1).long()
 
-    def mask(self, centres: Tensor) -> Tensor:
-        """(1, steps, frames) over the valid frames, the only ones the draft's cache holds."""
-        frames = self.valid_frames
-        return window_mask(frames, frames, centres[None], self.half_width)
+    def mask(self, centres: Tensor, frames: int | None = None) -> Tensor:
+        """(1, steps, frames) over the draft cache's audio frames: the valid ones, unless it keeps padding too."""
+        return window_mask(self.valid_frames, frames or self.valid_frames, centres[None], self.half_width)

@@ -7,7 +7,6 @@ from hypothesis import strategies as st
 
 from specasr.draft import (
     SHIPPED_DRAFTS,
-    DraftCache,
     DraftMismatchError,
     load_draft,
     random_draft,
@@ -63,14 +62,7 @@ def test_cache_of_valid_frames_equals_attending_all_frames_with_padding_masked(t
     draft = random_draft(tiny_en)
     memory, features, tokens = _draft_inputs(tiny_en, steps=3)
     valid_frames = 200
-    keys, values = draft.audio_memory(memory)
-    full = DraftCache(
-        torch.zeros(1, tiny_en.n_heads, 8, draft.head_dim),
-        torch.zeros(1, tiny_en.n_heads, 8, draft.head_dim),
-        keys,
-        values,
-        valid_frames,
-    )
+    full = draft.new_cache(memory, valid_frames, capacity=8, frames=memory.shape[1])  # padding kept, masked
     with torch.no_grad():
         padded = draft(features, tokens, full)
         trimmed = draft(features, tokens, draft.new_cache(memory, valid_frames, capacity=8))

@@ -4,8 +4,11 @@ under a mask. On a CPU they must equal the plain steps; where CUDA exists, a gra
 import pytest
 import torch
 
+from specasr import decode
+from specasr.decode import greedy_tokens, speculative
 from specasr.draft import random_draft
 from specasr.graphs import GraphedStep
+from specasr.trace import Settings
 from tests.conftest import random_whisper_target
 
 
@@ -42,6 +45,21 @@ def test_static_steps_equal_the_plain_steps():
         a.attention, b.attention[..., :30], atol=1e-6
     )
     assert (b.attention[..., 30:] == 0).all()
+
+
+@pytest.mark.parametrize("window", ["unrestricted", "runtime"])
+def test_captured_steps_serve_the_segments_that_follow(monkeypatch, window):
+    """Off CUDA the captured steps are emulated with the same buffers: one capture, refilled caches per segment,
+    the greedy transcript every time."""
+    monkeypatch.setattr(decode, "FIXED_SHAPE_DEVICES", ("cpu",))
+    target, draft, _ = _target_and_draft()
+    captured, settings = {}, Settings(draft="random", k=3, window=window)
+    for seed in range(3):
+        memory = torch.randn(1, 40, target.d_model, generator=torch.Generator().manual_seed(seed))
+        assert speculative(target, draft, memory, 30, settings, captured=captured).tokens == greedy_tokens(
+            target, memory
+        )
+    assert len(captured) == 1
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")

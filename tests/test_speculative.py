@@ -144,10 +144,12 @@ def test_runtime_paced_centres_follow_the_verification_peaks_of_the_loop():
     assert moved  # the case is only meaningful if some later step left the runtime centre
 
 
+@pytest.mark.parametrize("captured", [False, True])
 @pytest.mark.parametrize("window", WINDOWS)
-def test_a_round_waits_for_the_device_once(monkeypatch, window):
+def test_a_round_waits_for_the_device_once(monkeypatch, window, captured):
     """Centres, masks, proposals and trace rows stay on the device; one copy per round (and one for the prompt's
-    pass) brings the round's integers to the host."""
+    pass) brings the round's integers to the host, with the round's steps eager or replayed (CUDA's, emulated)."""
+    monkeypatch.setattr(decode, "FIXED_SHAPE_DEVICES", ("cpu",) if captured else ())
     target = random_whisper_target(seed=3, layers=2, heads=2, vocab_size=8, max_length=40, init_std=0.5)
     memory = torch.randn(1, 40, target.d_model, generator=torch.Generator().manual_seed(3))
     draft = always_propose(random_draft(target, seed=3), token=3)
