@@ -15,6 +15,7 @@ from torch import Tensor
 
 from specasr.draft import Draft, DraftCache
 from specasr.targets import Target
+from specasr.targets.base import DecoderCache
 
 Output = TypeVar("Output")
 
@@ -61,7 +62,7 @@ class RoundSteps:
     """Static caches for one target, draft, K and audio length, and the round's three fixed-shape steps over them:
     verification of K + 1 tokens, the draft's catch-up over K + 1 positions and a single draft step."""
 
-    target_cache: object
+    target_cache: DecoderCache
     draft_cache: DraftCache
     verify: GraphedStep
     catch_up: GraphedStep
