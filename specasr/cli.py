@@ -482,7 +482,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     if args.prepare_only:
         print(f"feature cache ready: {len(examples)} examples from {sum(s.count for s in sources)} clips")
         return
-    out = args.out or cache_dir() / "drafts" / target.name / config.variant
+    out = args.out or cache_dir() / "drafts" / target.folder_name / config.variant
     described = {source.name: {**source.settings, "count": source.count} for source in sources}
     draft = train(target, examples, config, out, data_hash(examples), described)
     if rank == 0:

@@ -178,7 +178,7 @@ def feature_key(source: str, settings: dict) -> tuple[str, str]:
 def feature_cache(target: Target, source: Source) -> Path:
     """The cache folder for one target and one data source; any change of settings gets a new folder."""
     key, name = feature_key(source.name, source.settings)
-    folder = cache_dir() / "train" / target.name.replace("/", "_") / name
+    folder = cache_dir() / "train" / target.folder_name / name
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "settings.json").write_text(key)
     return folder

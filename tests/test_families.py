@@ -124,6 +124,12 @@ def test_a_trained_draft_saves_loads_and_stays_lossless(tmp_path, family):
         assert decoded.tokens == greedy_tokens(target, memory)
 
 
+def test_a_target_named_by_its_path_gets_one_folder_name():
+    target = random_prefix_target("voxtral", seed=0, layers=1, heads=2, vocab_size=16, max_length=20)
+    target.name = "/home/user/models/voxtral-mini"
+    assert target.folder_name == "_home_user_models_voxtral-mini"  # drafts and features never land in its folder
+
+
 def test_a_folder_of_another_model_type_is_refused_clearly(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "bert"}')
     with pytest.raises(TargetUnavailableError, match="'bert' model; specasr reads these families: whisper"):

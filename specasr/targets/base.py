@@ -69,6 +69,11 @@ class Target(ABC):
     def frames(self, n_samples: int) -> int:
         """Audio-memory frames that cover `n_samples` of audio (no window limit)."""
 
+    @property
+    def folder_name(self) -> str:
+        """The target's name as one folder name (a local path or hub id holds slashes)."""
+        return self.name.replace("/", "_")
+
     def valid_frames(self, n_samples: int) -> int:
         """Frames of one window that cover real audio (a window holds at most `window_samples`)."""
         return self.frames(min(n_samples, self.window_samples))
