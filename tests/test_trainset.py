@@ -11,7 +11,7 @@ from specasr.trainset import Example, Source
 
 
 class FakeTarget:
-    name = "fake-target"
+    name = folder_name = "fake-target"
 
 
 @pytest.fixture
