@@ -19,6 +19,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from specasr.targets import Target
+from specasr.targets.base import step_positions
 
 
 @dataclass
@@ -219,10 +220,7 @@ class Draft(nn.Module):
         positions: (T,) the steps' positions as a device tensor (a CUDA graph's input); the caller then keeps
         cache.length, which a step without them advances itself.
         """
-        end = cache.length + tokens.shape[1]
-        if positions is None:
-            positions = torch.arange(cache.length, end, device=tokens.device)
-            cache.length = end
+        positions, end = step_positions(cache, tokens.shape[1], positions, tokens.device)
         table = self._frozen.get("positions")
         last_position = end if table is None else table.shape[0] - 1  # rows past it only pad a fixed-size block
         x = self.embed(features, tokens, positions.clamp(max=last_position))

@@ -132,6 +132,20 @@ class Target(ABC):
         return audio_peaks(out.audio_attention[:, :, len(self.prompt) - 1 :], valid_frames).tolist()
 
 
+def step_positions(
+    cache: DecoderCache, n_new: int, positions: Tensor | None, device: torch.device
+) -> tuple[Tensor, int]:
+    """The positions of a step's `n_new` tokens and the cache's length after them. Without given positions the step
+    takes the next ones and advances the cache itself; with them, its caller keeps the length (CUDA graphs)."""
+    end = cache.length + n_new
+    if end > cache.capacity:
+        raise ValueError(f"cache holds {cache.capacity} positions; {end} requested")
+    if positions is None:
+        positions = torch.arange(cache.length, end, device=device)
+        cache.length = end
+    return positions, end
+
+
 def vocabulary_logits(hidden: Tensor, weight: Tensor) -> Tensor:
     """hidden @ weight.T, with the vocabulary-sized matrix on the left of the product.
 

@@ -27,7 +27,7 @@ from transformers import (
 )
 
 from specasr.audio import SAMPLE_RATE
-from specasr.targets.base import DecoderOutput, FrozenHead, Target, vocabulary_logits
+from specasr.targets.base import DecoderOutput, FrozenHead, Target, step_positions, vocabulary_logits
 from specasr.targets.builtin import TargetUnavailableError
 
 WINDOW_SECONDS = 30  # audio per encoder pass, as for Whisper: long clips are decoded in segments
@@ -164,12 +164,7 @@ class PrefixTarget(Target):
         attention_layers: tuple[int, ...] = (),
         positions: Tensor | None = None,
     ) -> DecoderOutput:
-        end = cache.length + tokens.shape[1]
-        if end > cache.capacity:
-            raise ValueError(f"decoder cache holds {cache.capacity} positions; {end} requested")
-        if positions is None:
-            positions = torch.arange(cache.length, end, device=tokens.device)
-            cache.length = end
+        positions, end = step_positions(cache, tokens.shape[1], positions, tokens.device)
         visible = cache.keys.shape[3] if cache.static else cache.prefix + end
         x, tapped, rows = self._layers(
             self._llm.embed_tokens(tokens), cache, cache.prefix + positions, visible, taps, attention_layers

@@ -14,7 +14,7 @@ from torch import Tensor
 from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration, WhisperTokenizer
 
 from specasr.audio import SAMPLE_RATE
-from specasr.targets.base import DecoderOutput, FrozenHead, Target, vocabulary_logits
+from specasr.targets.base import DecoderOutput, FrozenHead, Target, step_positions, vocabulary_logits
 
 HOP_LENGTH = 160  # samples per mel frame
 ENCODER_STRIDE = 2  # mel frames per encoder frame
@@ -144,13 +144,7 @@ class WhisperTarget(Target):
         attention_layers: tuple[int, ...] = (),
         positions: Tensor | None = None,
     ) -> DecoderOutput:
-        start, n_new = cache.length, tokens.shape[1]
-        end = start + n_new
-        if end > cache.capacity:
-            raise ValueError(f"decoder cache holds {cache.capacity} positions; {end} requested")
-        if positions is None:
-            positions = torch.arange(start, end, device=tokens.device)
-            cache.length = end
+        positions, end = step_positions(cache, tokens.shape[1], positions, tokens.device)
         decoder = self._decoder
         table = decoder.embed_positions.weight
         # Rows past the last position exist only as padding of a fixed-size verification block; their outputs are
