@@ -7,7 +7,7 @@ same buffers are filled by running the step eagerly, so the loop's use of them i
 """
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import dataclass, fields
 from typing import Generic, TypeVar
 
 import torch
@@ -53,7 +53,7 @@ def _copy_into(buffers, values) -> None:
         buffer, value = getattr(buffers, field.name), getattr(values, field.name)
         if isinstance(buffer, Tensor):
             buffer.copy_(value)
-        elif not is_dataclass(buffer):
+        else:
             setattr(buffers, field.name, value)
 
 
