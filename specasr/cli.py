@@ -28,7 +28,7 @@ from specasr.profiling import profile_round
 from specasr.store import Store, StoreError, default_db_path
 from specasr.targets import BUILTIN_TARGETS, DTYPES, TargetUnavailableError, load_target
 from specasr.trace import DECODERS, Settings, Trace
-from specasr.train import VARIANTS, TrainConfig, distributed, train
+from specasr.train import INITS, VARIANTS, TrainConfig, distributed, train
 from specasr.trainset import data_hash, prepare_examples, training_sources
 from specasr.windows import WINDOWS
 
@@ -462,6 +462,7 @@ def cmd_train(args: argparse.Namespace) -> None:
             taps=args.taps,
             ffn_dim=args.ffn_dim,
             draft_vocab=args.draft_vocab,
+            init=args.init,
             feature_noise=args.feature_noise,
             anchor_weight=args.anchor_weight,
             sigma_ms=args.sigma_ms,
@@ -575,6 +576,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--taps", type=_layers, default=None, help="target layers the draft reads, e.g. 3,6")
     p.add_argument("--ffn-dim", type=int, default=None, help="draft feed-forward width (default: the target's)")
     p.add_argument("--draft-vocab", type=int, default=4096, help="reduced draft vocabulary size; 0 for the full one")
+    p.add_argument(
+        "--init", default="random", choices=INITS, help="target-layer: start as the target's last decoder layer"
+    )
     p.add_argument("--sigma-ms", type=float, default=400.0, help="width of the anchor loss's Gaussian target")
     p.add_argument("--anchor-weight", type=float, default=None, help="lambda (default: 0.1 anchordraft, 0 control)")
     p.add_argument("--feature-noise", type=float, default=0.6, help="input-feature noise, in feature stds")

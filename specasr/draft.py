@@ -258,6 +258,55 @@ def check_fits(config: DraftConfig, target: Target) -> None:
         )
 
 
+def last_target_layer(target: Target) -> nn.Module:
+    """The target's last decoder layer, for a draft to start from; Whisper targets only, whose layers have the
+    draft's shape (self-attention, audio cross-attention, feed-forward)."""
+    from specasr.targets.whisper import WhisperTarget
+
+    if not isinstance(target, WhisperTarget):
+        raise DraftMismatchError(f"only a Whisper target lends the draft a layer of its shape, not {target.name!r}")
+    return target.model.model.decoder.layers[-1]
+
+
+@torch.no_grad()
+def start_from_target_layer(draft: Draft, target: Target) -> None:
+    """Start the draft's block as a copy of the target's last decoder layer and the decoder's final norm: a trained
+    reader of the audio, where a random block must learn to read it from a few thousand clips. The fusion starts as
+    the top tap plus the token embedding, the residual stream the layer is used to."""
+    layer = last_target_layer(target)
+    if draft.config.ffn_dim != layer.fc1.out_features:
+        raise DraftMismatchError(
+            f"feed-forward width {draft.config.ffn_dim} vs the layer's {layer.fc1.out_features}: "
+            f"train with --ffn-dim {layer.fc1.out_features}"
+        )
+
+    def copy(linears: list[nn.Module], into: nn.Linear) -> None:
+        into.weight.copy_(torch.cat([m.weight for m in linears]))
+        into.bias.copy_(
+            torch.cat([m.bias if m.bias is not None else torch.zeros_like(m.weight[:, 0]) for m in linears])
+        )
+
+    attn, cross = layer.self_attn, layer.encoder_attn
+    copy([attn.q_proj, attn.k_proj, attn.v_proj], draft.qkv)
+    copy([attn.out_proj], draft.self_out)
+    copy([cross.q_proj], draft.audio_q)
+    copy([cross.k_proj, cross.v_proj], draft.audio_kv)
+    copy([cross.out_proj], draft.audio_out)
+    copy([layer.fc1], draft.ffn[0])
+    copy([layer.fc2], draft.ffn[2])
+    pairs = [(layer.self_attn_layer_norm, draft.self_norm), (layer.encoder_attn_layer_norm, draft.audio_norm)]
+    pairs += [(layer.final_layer_norm, draft.ffn_norm), (target.model.model.decoder.layer_norm, draft.out_norm)]
+    for source, norm in pairs:
+        norm.load_state_dict(source.state_dict())
+    d = draft.config.d_model
+    identity = torch.eye(d, device=draft.fuse.weight.device)
+    draft.fuse.weight.zero_()
+    draft.fuse.weight[:, -d:] = identity  # the last tap
+    draft.combine.weight.copy_(torch.cat([identity, identity], dim=1))
+    draft.fuse.bias.zero_()
+    draft.combine.bias.zero_()
+
+
 def random_draft(
     target: Target, audio: bool = True, seed: int = 0, dtype: torch.dtype | None = None, **overrides
 ) -> Draft:

@@ -23,11 +23,12 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from specasr.cache import atomic_directory
-from specasr.draft import Draft, DraftConfig, load_draft, save_draft
+from specasr.draft import Draft, DraftConfig, last_target_layer, load_draft, save_draft, start_from_target_layer
 from specasr.targets import Target
 from specasr.trainset import SENTENCES, Example
 
 VARIANTS = {"control": (True, 0.0), "anchordraft": (True, 0.1), "no-audio": (False, 0.0)}  # audio, default lambda
+INITS = ("random", "target-layer")
 
 
 @dataclass
@@ -159,8 +160,11 @@ class TrainConfig:
     sigma_ms: float = 400.0  # width of the anchor target: the paper's sigma = 5 on its ~80 ms grid
     unroll: int = 3  # draft depths trained per position
     taps: tuple[int, ...] | None = None  # target decoder layers the draft reads; None: low, middle and top
-    ffn_dim: int | None = None  # the draft's feed-forward width; None: the target's width
+    ffn_dim: int | None = (
+        None  # the draft's feed-forward width; None: the target's width (its layer's for target-layer)
+    )
     draft_vocab: int = 4096  # most frequent target tokens of the training transcripts; 0 keeps the full vocabulary
+    init: str = "random"  # random | target-layer: the block starts as the target's last decoder layer
     seed: int = 0
 
     def __post_init__(self):
@@ -170,6 +174,8 @@ class TrainConfig:
             self.anchor_weight = VARIANTS[self.variant][1]  # resolved here, so the checkpoint records the number
         if self.anchor_weight < 0 or (self.anchor_weight > 0 and not self.audio):
             raise ValueError(f"anchor_weight must be >= 0, and 0 for no-audio (no attention); got {self.anchor_weight}")
+        if self.init not in INITS:
+            raise ValueError(f"unknown init {self.init!r}; choose one of {', '.join(INITS)}")
         if self.sigma_ms <= 0 or self.feature_noise < 0:
             raise ValueError(f"need sigma_ms > 0 and feature_noise >= 0; got {self.sigma_ms}, {self.feature_noise}")
 
@@ -254,7 +260,8 @@ def train(
     device = target.device
     torch.manual_seed(config.seed)
     shape = {"taps": tuple(config.taps)} if config.taps else {}
-    shape |= {"ffn_dim": config.ffn_dim} if config.ffn_dim else {}
+    if config.ffn_dim or config.init == "target-layer":
+        shape["ffn_dim"] = config.ffn_dim or last_target_layer(target).fc1.out_features
     taps = DraftConfig.for_target(target, **shape).taps
     backfill = corpus_counts(target) if config.draft_vocab else None
     vocab = draft_vocabulary(examples, config.draft_vocab, len(target.prompt), target.eot, backfill)
@@ -264,6 +271,8 @@ def train(
         target, audio=config.audio, vocab_ids=vocab, variant=config.variant, training=settings, **shape
     )
     draft = Draft(draft_config).attach(target).train()
+    if config.init == "target-layer":
+        start_from_target_layer(draft, target)
     optimizer = torch.optim.AdamW(draft.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     start_epoch = _resume(draft, optimizer, out / "resume", target, settings)
     objective = Objective(draft, config, target.frame_seconds)

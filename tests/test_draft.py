@@ -5,6 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from specasr.audio import load_audio
 from specasr.draft import (
     SHIPPED_DRAFTS,
     DraftMismatchError,
@@ -12,6 +13,7 @@ from specasr.draft import (
     random_draft,
     save_draft,
     shipped_drafts,
+    start_from_target_layer,
 )
 from specasr.targets import DTYPES
 from specasr.trace import Settings
@@ -155,3 +157,25 @@ def test_shipped_drafts_cover_both_targets_and_the_three_variants_and_stay_small
         assert {n.split("/")[1] for n in names if n.startswith(target + "/")} == {"anchordraft", "control", "no-audio"}
     total = sum(p.stat().st_size for p in SHIPPED_DRAFTS.rglob("*") if p.is_file())
     assert total < 40e6  # the whole repository travels with every GPU call
+
+
+def test_a_draft_started_from_the_targets_last_layer_is_that_layer(tiny_en, sample_clips):
+    """Fed the states the target's last layer reads, the block returns what the target's last layer returns."""
+    memory = tiny_en.encode(tiny_en.features(load_audio(sample_clips[0].path)))
+    tokens = torch.tensor([[*tiny_en.prompt, *tiny_en.tokenizer(" The cat sat down.").input_ids]])
+    states = tiny_en.forward(tokens, tiny_en.new_cache(memory), taps=(tiny_en.n_layers - 1,))
+    before = states.hidden
+
+    draft = random_draft(tiny_en, ffn_dim=tiny_en.model.config.decoder_ffn_dim)
+    start_from_target_layer(draft, tiny_en)
+    causal = torch.ones(tokens.shape[1], tokens.shape[1], dtype=torch.bool).tril()
+    frames = torch.ones(1, 1, memory.shape[1], dtype=torch.bool)
+    with torch.inference_mode():
+        q, k, v = draft.self_qkv(before)
+        out = draft.block(before, q, k, v, causal, draft.audio_memory(memory), frames)
+    assert torch.allclose(draft.logits(out.hidden), states.logits, atol=1e-3)
+
+
+def test_only_a_draft_as_wide_as_the_targets_layer_can_start_from_it(tiny_en):
+    with pytest.raises(DraftMismatchError, match="feed-forward width 384 vs the layer's 1536"):
+        start_from_target_layer(random_draft(tiny_en), tiny_en)

@@ -210,6 +210,21 @@ def test_training_is_deterministic_and_resumes_where_it_stopped(examples, tiny_e
         training.train(tiny_en, examples[:4], training.TrainConfig(epochs=4, batch_size=2), tmp_path / "b", "test")
 
 
+def test_a_draft_started_from_the_target_layer_takes_its_width_and_trains_from_it(examples, tiny_en, tmp_path):
+    from specasr import train as training
+    from specasr.draft import random_draft, start_from_target_layer
+
+    config = training.TrainConfig(epochs=1, batch_size=2, unroll=1, init="target-layer", draft_vocab=256)
+    trained = training.train(tiny_en, examples[:2], config, tmp_path / "d", data_hash="test")
+    assert trained.config.ffn_dim == 1536 and trained.config.training["init"] == "target-layer"
+    start = random_draft(tiny_en, ffn_dim=1536)
+    start_from_target_layer(start, tiny_en)
+    moved = (trained.ffn[0].weight - start.ffn[0].weight).abs().max()
+    assert 0 < moved < 0.01  # one step of lr 1e-3 from the copied layer, not from random weights
+    with pytest.raises(ValueError, match="unknown init"):
+        training.TrainConfig(init="pretrained")
+
+
 def test_draft_vocabulary_keeps_predicted_tokens_first_and_never_the_prompt(examples, tiny_en):
     from collections import Counter
 
