@@ -272,28 +272,32 @@ def last_target_layer(target: Target) -> nn.Module:
 def start_from_target_layer(draft: Draft, target: Target) -> None:
     """Start the draft's block as a copy of the target's last decoder layer and the decoder's final norm: a trained
     reader of the audio, where a random block must learn to read it from a few thousand clips. The fusion starts as
-    the top tap plus the token embedding, the residual stream the layer is used to."""
+    the top tap plus the token embedding, the residual stream the layer is used to. A draft with a narrower
+    feed-forward keeps the layer's units whose input and output weights have the largest norms."""
     layer = last_target_layer(target)
-    if draft.config.ffn_dim != layer.fc1.out_features:
-        raise DraftMismatchError(
-            f"feed-forward width {draft.config.ffn_dim} vs the layer's {layer.fc1.out_features}: "
-            f"train with --ffn-dim {layer.fc1.out_features}"
+    width = layer.fc1.out_features
+    if draft.config.ffn_dim > width:
+        raise DraftMismatchError(f"feed-forward width {draft.config.ffn_dim} is more than the layer's {width}")
+    strength = layer.fc1.weight.norm(dim=1) * layer.fc2.weight.norm(dim=0)
+    units = strength.topk(draft.config.ffn_dim).indices.sort().values
+
+    def copy(weights: list[Tensor], biases: list[Tensor | None], into: nn.Linear) -> None:
+        into.weight.copy_(torch.cat(weights))
+        into.bias.copy_(
+            torch.cat([b if b is not None else torch.zeros_like(w[:, 0]) for w, b in zip(weights, biases, strict=True)])
         )
 
-    def copy(linears: list[nn.Module], into: nn.Linear) -> None:
-        into.weight.copy_(torch.cat([m.weight for m in linears]))
-        into.bias.copy_(
-            torch.cat([m.bias if m.bias is not None else torch.zeros_like(m.weight[:, 0]) for m in linears])
-        )
+    def linear(*modules: nn.Linear, into: nn.Linear) -> None:
+        copy([m.weight for m in modules], [m.bias for m in modules], into)
 
     attn, cross = layer.self_attn, layer.encoder_attn
-    copy([attn.q_proj, attn.k_proj, attn.v_proj], draft.qkv)
-    copy([attn.out_proj], draft.self_out)
-    copy([cross.q_proj], draft.audio_q)
-    copy([cross.k_proj, cross.v_proj], draft.audio_kv)
-    copy([cross.out_proj], draft.audio_out)
-    copy([layer.fc1], draft.ffn[0])
-    copy([layer.fc2], draft.ffn[2])
+    linear(attn.q_proj, attn.k_proj, attn.v_proj, into=draft.qkv)
+    linear(attn.out_proj, into=draft.self_out)
+    linear(cross.q_proj, into=draft.audio_q)
+    linear(cross.k_proj, cross.v_proj, into=draft.audio_kv)
+    linear(cross.out_proj, into=draft.audio_out)
+    copy([layer.fc1.weight[units]], [layer.fc1.bias[units]], draft.ffn[0])
+    copy([layer.fc2.weight[:, units]], [layer.fc2.bias], draft.ffn[2])
     pairs = [(layer.self_attn_layer_norm, draft.self_norm), (layer.encoder_attn_layer_norm, draft.audio_norm)]
     pairs += [(layer.final_layer_norm, draft.ffn_norm), (target.model.model.decoder.layer_norm, draft.out_norm)]
     for source, norm in pairs:

@@ -176,6 +176,14 @@ def test_a_draft_started_from_the_targets_last_layer_is_that_layer(tiny_en, samp
     assert torch.allclose(draft.logits(out.hidden), states.logits, atol=1e-3)
 
 
-def test_only_a_draft_as_wide_as_the_targets_layer_can_start_from_it(tiny_en):
-    with pytest.raises(DraftMismatchError, match="feed-forward width 384 vs the layer's 1536"):
-        start_from_target_layer(random_draft(tiny_en), tiny_en)
+def test_a_narrower_draft_keeps_the_strongest_units_of_the_targets_layer(tiny_en):
+    layer = tiny_en.model.model.decoder.layers[-1]
+    draft = random_draft(tiny_en, ffn_dim=100)
+    start_from_target_layer(draft, tiny_en)
+    strength = layer.fc1.weight.norm(dim=1) * layer.fc2.weight.norm(dim=0)
+    kept = strength.topk(100).indices.sort().values
+    assert torch.equal(draft.ffn[0].weight, layer.fc1.weight[kept])
+    assert torch.equal(draft.ffn[2].weight, layer.fc2.weight[:, kept])
+    assert torch.equal(draft.ffn[2].bias, layer.fc2.bias)
+    with pytest.raises(DraftMismatchError, match="feed-forward width 2000 is more than the layer's 1536"):
+        start_from_target_layer(random_draft(tiny_en, ffn_dim=2000), tiny_en)
