@@ -273,7 +273,8 @@ def start_from_target_layer(draft: Draft, target: Target) -> None:
     """Start the draft's block as a copy of the target's last decoder layer and the decoder's final norm: a trained
     reader of the audio, where a random block must learn to read it from a few thousand clips. The fusion starts as
     the top tap plus the token embedding, the residual stream the layer is used to. A draft with a narrower
-    feed-forward keeps the layer's units whose input and output weights have the largest norms."""
+    feed-forward keeps the layer's units whose input and output weights have the largest norms; a no-audio draft
+    takes all but the cross-attention."""
     layer = last_target_layer(target)
     width = layer.fc1.out_features
     if draft.config.ffn_dim > width:
@@ -290,17 +291,20 @@ def start_from_target_layer(draft: Draft, target: Target) -> None:
     def linear(*modules: nn.Linear, into: nn.Linear) -> None:
         copy([m.weight for m in modules], [m.bias for m in modules], into)
 
-    attn, cross = layer.self_attn, layer.encoder_attn
+    attn = layer.self_attn
     linear(attn.q_proj, attn.k_proj, attn.v_proj, into=draft.qkv)
     linear(attn.out_proj, into=draft.self_out)
-    linear(cross.q_proj, into=draft.audio_q)
-    linear(cross.k_proj, cross.v_proj, into=draft.audio_kv)
-    linear(cross.out_proj, into=draft.audio_out)
     copy([layer.fc1.weight[units]], [layer.fc1.bias[units]], draft.ffn[0])
     copy([layer.fc2.weight[:, units]], [layer.fc2.bias], draft.ffn[2])
-    pairs = [(layer.self_attn_layer_norm, draft.self_norm), (layer.encoder_attn_layer_norm, draft.audio_norm)]
-    pairs += [(layer.final_layer_norm, draft.ffn_norm), (target.model.model.decoder.layer_norm, draft.out_norm)]
-    for source, norm in pairs:
+    norms = [(layer.self_attn_layer_norm, draft.self_norm), (layer.final_layer_norm, draft.ffn_norm)]
+    norms.append((target.model.model.decoder.layer_norm, draft.out_norm))
+    if draft.config.audio:
+        cross = layer.encoder_attn
+        linear(cross.q_proj, into=draft.audio_q)
+        linear(cross.k_proj, cross.v_proj, into=draft.audio_kv)
+        linear(cross.out_proj, into=draft.audio_out)
+        norms.append((layer.encoder_attn_layer_norm, draft.audio_norm))
+    for source, norm in norms:
         norm.load_state_dict(source.state_dict())
     d = draft.config.d_model
     identity = torch.eye(d, device=draft.fuse.weight.device)
