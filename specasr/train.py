@@ -160,9 +160,7 @@ class TrainConfig:
     sigma_ms: float = 400.0  # width of the anchor target: the paper's sigma = 5 on its ~80 ms grid
     unroll: int = 3  # draft depths trained per position
     taps: tuple[int, ...] | None = None  # target decoder layers the draft reads; None: low, middle and top
-    ffn_dim: int | None = (
-        None  # the draft's feed-forward width; None: the target's width (its layer's for target-layer)
-    )
+    ffn_dim: int | None = None  # the draft's feed-forward width; None: d_model (the layer's for target-layer)
     draft_vocab: int = 4096  # most frequent target tokens of the training transcripts; 0 keeps the full vocabulary
     init: str = "random"  # random | target-layer: the block starts as the target's last decoder layer
     seed: int = 0
