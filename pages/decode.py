@@ -8,7 +8,7 @@ import streamlit as st
 
 import widgets
 from specasr.audio import SAMPLE_RATE
-from specasr.bench import benchmark
+from specasr.bench import benchmark, store_results
 from specasr.metrics import acceptance
 from specasr.views import attention_heatmap, drift_figure, round_table, token_rows
 
@@ -34,7 +34,7 @@ def run(clip, settings, repeats: int) -> dict | None:
                 arms["speculative"] = replace(settings, reference="always")
             table, results = benchmark(pipeline, arms, [clip], repeats)
             run_id = store.write_run([trace], "dashboard")
-            timed = {name: store.write_run(r.traces, "dashboard-bench", r.repeats) for name, r in results.items()}
+            timed = store_results(store, results, "dashboard-bench")
         except widgets.DECODE_ERRORS as error:
             widgets.report(error)
             return None

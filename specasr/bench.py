@@ -10,6 +10,7 @@ from tqdm import tqdm
 from specasr.audio import Clip
 from specasr.metrics import acceptance, predicted_round_speedup, rho
 from specasr.pipeline import Pipeline
+from specasr.store import Store
 from specasr.trace import Settings, Trace
 
 
@@ -113,3 +114,9 @@ def summary(table: pd.DataFrame, results: dict[str, ArmResult]) -> pd.DataFrame:
             row["cost_model_speedup"] = predicted_round_speedup(accepted.L, result.settings.k, measured_rho)
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def store_results(store: Store, results: dict[str, ArmResult], command: str) -> dict[str, str]:
+    """Each arm's traces as one run of a batch (they were timed side by side); the run ids by arm."""
+    run_ids = store.write_runs([(result.traces, result.repeats) for result in results.values()], command)
+    return dict(zip(results, run_ids, strict=True))

@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from specasr.align import ALIGNERS, AlignerUnavailableError, AlignmentError, get_aligner
 from specasr.audio import DEFAULT_MAX_SECONDS, AudioError, Clip, load_audio
-from specasr.bench import benchmark, summary
+from specasr.bench import benchmark, store_results, summary
 from specasr.cache import cache_dir
 from specasr.dataset import DEFAULT_SPEECH_DIR, load_manifest, load_utterances, spread
 from specasr.draft import DraftMismatchError, shipped_drafts
@@ -302,7 +302,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
     clips = [u.clip(args.max_seconds) for u in utterances]
     store = _store(args)
     table, results = benchmark(Pipeline(store), arms, clips, args.repeats)
-    runs = {name: store.write_run(r.traces, "bench", r.repeats) for name, r in results.items()} if store else {}
+    runs = store_results(store, results, "bench") if store else {}
     if args.json:
         record = {"clips": _records(table), "summary": _records(summary(table, results))}
         print(json.dumps(record | {"runs": runs}, default=_json_value))

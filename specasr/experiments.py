@@ -2,10 +2,11 @@
 and the paper's tables computed from the stored runs.
 
 The greedy baseline runs once per clip and repetition and serves every cell; one more greedy pass per clip records
-every target layer's verification attention peak (Table 7), untimed. The cells still to run are decoded clip by clip
-in turn (the order rotating from clip to clip), so that a drift of the machine's speed falls on every cell alike;
-each cell is one run, written when all clips are done, and running the same grid again skips the cells the store
-already holds (an interrupted grid re-runs the cells it had not written).
+every target layer's verification attention peak (Table 7), untimed. The baseline and the cells are decoded clip by
+clip in turn (the order rotating from clip to clip), so that a drift of the machine's speed falls on every cell
+alike, and written together as one batch of runs when all clips are done. Running the same grid again reuses a batch
+the store holds; a grid that adds a cell decodes the baseline and every cell again, since timings compare only
+within a batch.
 
 Aggregation as in the paper: every metric is taken within each evaluation set and the sets are weighted equally.
 Within a set, acceptance is pooled over the rounds of each cell's first repetition (every repetition decodes the
@@ -38,7 +39,7 @@ from specasr.metrics import (
     step_cost,
 )
 from specasr.pipeline import Pipeline
-from specasr.store import Store
+from specasr.store import DecodedRun, Store
 from specasr.trace import Settings, Trace
 from specasr.windows import RUNTIME_WINDOWS
 
@@ -100,44 +101,53 @@ class GridRuns:
 
 
 def run_grid(pipeline: Pipeline, store: Store, grid: Grid, clips: list[Clip], repeats: int = 1) -> GridRuns:
-    """Decode every clip under the baseline and every cell (`repeats` times) and the peaks pass (once), for the
-    runs the store does not hold yet."""
+    """Decode every clip under the baseline and every cell (`repeats` times) and the peaks pass (once), unless the
+    store holds them: the timed runs (baseline and cells) all from one batch, the untimed peaks pass from any."""
     plan = {grid.baseline(): repeats, grid.peaks(): 1} | dict.fromkeys(grid.cells(), repeats)
     resolved = {settings: pipeline.resolved(settings) for settings in plan}
-    held = {(settings, decoded): run_id for run_id, settings, decoded in store.decoded(COMMAND)}
+    held = {(run.settings, run.decoded): run for run in store.decoded(COMMAND)}
 
     def wanted(settings: Settings) -> frozenset[tuple[str, int]]:
         return frozenset((clip.hash, repeat) for clip in clips for repeat in range(plan[settings]))
 
-    run_ids = {s: held.get((resolved[s], wanted(s))) for s in plan}
-    pending = list(dict.fromkeys(resolved[s] for s in plan if run_ids[s] is None))
+    found = {s: held.get((resolved[s], wanted(s))) for s in plan}
+    timed = [grid.baseline(), *grid.cells()]
+    if None in (found[s] for s in timed) or len({found[s].batch for s in timed}) > 1:
+        found |= dict.fromkeys(timed)
+    run_ids = {s: run.run_id for s, run in found.items() if run is not None}
+    pending = list(dict.fromkeys(resolved[s] for s in plan if s not in run_ids))
     if pending:
         written = _decode_interleaved(pipeline, store, pending, clips, {resolved[s]: plan[s] for s in plan})
-        run_ids = {s: run_ids[s] or written[resolved[s]] for s in plan}
+        run_ids |= {s: written[resolved[s]] for s in plan if s not in run_ids}
     return GridRuns(run_ids.pop(grid.baseline()), run_ids.pop(grid.peaks()), run_ids)
 
 
 def stored_grid(store: Store, target: str) -> GridRuns | None:
-    """The latest experiment on `target` found in the store: its greedy baseline, and the peaks pass and cells that
-    decoded the same clips (the latest run of each settings); None where there is none."""
-    runs = [
-        (run_id, settings, decoded) for run_id, settings, decoded in store.decoded(COMMAND) if settings.target == target
-    ]
-    baselines = [(run_id, decoded) for run_id, s, decoded in runs if s.draft is None and not s.verify_peaks]
-    peaks = [(run_id, decoded) for run_id, s, decoded in runs if s.draft is None and s.verify_peaks]
-    if not baselines or not peaks:
+    """The latest experiment on `target` found in the store: its greedy baseline, the cells decoded beside it (the
+    latest run of each settings) and the latest peaks pass over the same clips; None where there is none."""
+    runs = [run for run in store.decoded(COMMAND) if run.settings.target == target]
+    baselines = [run for run in runs if run.settings.draft is None and not run.settings.verify_peaks]
+    if not baselines:
         return None
-    baseline, decoded = baselines[-1]
-    clips = {clip for clip, _ in decoded}
-    same = [run_id for run_id, d in peaks if {clip for clip, _ in d} == clips]
-    cells = {s: run_id for run_id, s, d in runs if s.draft is not None and {clip for clip, _ in d} == clips}
-    return GridRuns(baseline, same[-1], cells) if same else None
+    baseline = baselines[-1]
+    clips = _clips(baseline)
+    peaks = [run for run in runs if run.settings.verify_peaks and run.settings.draft is None and _clips(run) == clips]
+    cells = {
+        run.settings: run.run_id
+        for run in runs
+        if run.settings.draft is not None and run.batch == baseline.batch and _clips(run) == clips
+    }
+    return GridRuns(baseline.run_id, peaks[-1].run_id, cells) if peaks else None
+
+
+def _clips(run: DecodedRun) -> set[str]:
+    return {clip for clip, _ in run.decoded}
 
 
 def _decode_interleaved(
     pipeline: Pipeline, store: Store, pending: list[Settings], clips: list[Clip], repeats: dict[Settings, int]
 ) -> dict[Settings, str]:
-    """Every pending run's decodes, clip by clip; then one stored run each."""
+    """Every pending run's decodes, clip by clip; then the runs, stored as one batch."""
     for settings in pending:
         pipeline.decode(clips[0], settings)  # warm-up, not kept: the first decode of a cell loads and allocates
     traces: dict[Settings, list[Trace]] = {settings: [] for settings in pending}
@@ -149,10 +159,8 @@ def _decode_interleaved(
                     bar.set_postfix_str(f"{clip.id} {cell_name(settings)}", refresh=False)
                     traces[settings].append(pipeline.decode(clip, settings))
                     bar.update()
-    return {
-        settings: store.write_run(runs, COMMAND, [r for _ in clips for r in range(repeats[settings])])
-        for settings, runs in traces.items()
-    }
+    numbered = [(runs, [r for _ in clips for r in range(repeats[settings])]) for settings, runs in traces.items()]
+    return dict(zip(traces, store.write_runs(numbered, COMMAND), strict=True))
 
 
 def cell_name(settings: Settings) -> str:

@@ -2,9 +2,10 @@
 frames, and the queries the dashboard and the experiment runner need.
 
 A run is the list of traces decoded under one `Settings` (a `decode` command is a run of one trace; a bench is one
-run per arm). DuckDB lets one process at a time open a file, so every operation opens a short-lived connection and
-waits while another process holds the file. A run is written in one transaction: a write that fails or is killed
-leaves no rows. Metrics come from the stored rows through metrics.py; none is stored as the only copy.
+run per arm). Runs decoded side by side, interleaved clip by clip, are written as one batch: timings compare only
+within a batch. DuckDB lets one process at a time open a file, so every operation opens a short-lived connection and
+waits while another process holds the file. A run (or a batch) is written in one transaction: a write that fails or
+is killed leaves no rows. Metrics come from the stored rows through metrics.py; none is stored as the only copy.
 """
 
 import json
@@ -53,6 +54,16 @@ class UnknownRunError(StoreError, KeyError):
     """No run with that id in the store (a KeyError too, for callers that look runs up)."""
 
     __str__ = StoreError.__str__  # KeyError's would quote the message
+
+
+@dataclass(frozen=True)
+class DecodedRun:
+    """A stored run as the experiment runner matches it: its settings and the (clip hash, repeat) pairs it decoded."""
+
+    run_id: str
+    batch: str | None  # shared by the runs decoded beside it; None in runs stored before batches were kept
+    settings: Settings
+    decoded: frozenset[tuple[str, int]]
 
 
 def default_db_path() -> Path:
@@ -175,6 +186,7 @@ MIGRATIONS: list[list[str]] = [
     ],
     ["""ALTER TABLE runs ADD COLUMN decoder VARCHAR DEFAULT 'specasr'"""],
     ["""ALTER TABLE decodes ADD COLUMN frame_seconds DOUBLE DEFAULT 0.02"""],  # stores before it held Whisper only
+    ["""ALTER TABLE runs ADD COLUMN batch VARCHAR"""],  # NULL for runs written before batches were kept
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -321,11 +333,21 @@ class Store:
     def write_run(self, traces: list[Trace], command: str, repeats: list[int] | None = None) -> str:
         """Store traces decoded under one Settings and code version (each with its clip's hash) as a new run, in one
         transaction; `repeats` numbers each trace's repeat of its clip (default 0). Returns the run id."""
-        run_id = uuid.uuid4().hex[:12]
-        frames = _run_frames(run_id, traces, command, repeats)  # built before taking the file
+        return self.write_runs([(traces, repeats)], command)[0]
+
+    def write_runs(self, runs: Sequence[tuple[list[Trace], list[int] | None]], command: str) -> list[str]:
+        """Store runs decoded side by side as one batch, in one transaction: each run's traces and repeat numbers,
+        as `write_run` takes them. Returns the run ids in order."""
+        batch = uuid.uuid4().hex[:12]
+        run_ids = [uuid.uuid4().hex[:12] for _ in runs]
+        frames = [  # built before taking the file
+            _run_frames(run_id, traces, command, repeats, batch)
+            for run_id, (traces, repeats) in zip(run_ids, runs, strict=True)
+        ]
         with self._transaction() as con:
-            self._insert_run(con, frames)
-        return run_id
+            for run in frames:
+                self._insert_run(con, run)
+        return run_ids
 
     def _insert_run(self, con: duckdb.DuckDBPyConnection, frames: dict[str, pd.DataFrame]) -> None:
         """Insert every row of a run; the caller owns the transaction."""
@@ -391,17 +413,18 @@ class Store:
         with self._connect() as con:
             return _overview(con, where, chosen)
 
-    def decoded(self, command: str) -> list[tuple[str, Settings, frozenset[tuple[str, int]]]]:
-        """Every run of `command`, oldest first: its id, its settings and the (clip hash, repeat) pairs it decoded."""
+    def decoded(self, command: str) -> list[DecodedRun]:
+        """Every run of `command`, oldest first."""
         settings = _columns(SETTINGS_COLUMNS)
         with self._connect() as con:
             rows = con.execute(
-                f"SELECT run_id, {settings}, list((clip_hash, repeat)) FROM runs JOIN decodes USING (run_id) "
+                f"SELECT run_id, batch, list((clip_hash, repeat)), {settings} FROM runs JOIN decodes USING (run_id) "
                 f"WHERE command = ? GROUP BY ALL ORDER BY min(created), run_id",
                 [command],
             ).fetchall()
         return [
-            (run_id, Settings(*values), frozenset(tuple(pair) for pair in clips)) for run_id, *values, clips in rows
+            DecodedRun(run_id, batch, Settings(*values), frozenset(tuple(pair) for pair in clips))
+            for run_id, batch, clips, *values in rows
         ]
 
     # Deleting
@@ -549,11 +572,14 @@ class Store:
 # Rows in and out
 
 
-def _run_frames(run_id: str, traces: list[Trace], command: str, repeats: list[int] | None) -> dict[str, pd.DataFrame]:
+def _run_frames(
+    run_id: str, traces: list[Trace], command: str, repeats: list[int] | None, batch: str | None = None
+) -> dict[str, pd.DataFrame]:
     """A run's rows, table by table, from the traces' own tables."""
     _check_run(traces, repeats)
     first = traces[0]
-    run = {"run_id": run_id, "created": _now(), "command": command, **asdict(first.settings), **asdict(first.code)}
+    run = {"run_id": run_id, "created": _now(), "command": command, "batch": batch}
+    run |= asdict(first.settings) | asdict(first.code)
     per_trace = [trace.tables() for trace in traces]
     decodes = pd.concat([tables["decode"] for tables in per_trace], ignore_index=True).assign(
         run_id=run_id,
@@ -613,7 +639,7 @@ def _first_repeats(decoded: list[tuple[int, Trace]]) -> dict[str, Trace]:
 
 # A decode's plain row as Trace.tables() makes it: the decode, its clip and its run's settings and code.
 _DECODE_ROWS = """
-    SELECT d.*, c.* EXCLUDE (clip_hash, clip_id), r.* EXCLUDE (run_id, created, command)
+    SELECT d.*, c.* EXCLUDE (clip_hash, clip_id), r.* EXCLUDE (run_id, created, command, batch)
     FROM decodes d JOIN clips c USING (clip_hash) JOIN runs r USING (run_id)
     WHERE d.run_id = ? ORDER BY d.decode
 """

@@ -154,13 +154,13 @@ def test_cost_rule_page_shows_the_runtime_table_of_a_stored_experiment():
     base = replace(BASE, draft="anchordraft")
     runtime = replace(base, window="runtime")
     timed = (0.05, 0.2)
-    baseline = store.write_run([hand_trace(greedy, "u", [], 2.0), hand_trace(greedy, "v", [], 2.0)], COMMAND)
     store.write_run([peaks_trace("u", [1, 2, 3], [0]), peaks_trace("v", [4, 5], [0])], COMMAND)
-    for settings, rounds in ((base, [0, 1, 0]), (runtime, [1, 1, 2])):
-        traces = [
-            hand_trace(settings, c, rounds, 1.0, steps=restarts(rounds, [0, 0, 0]), round_seconds=timed) for c in "uv"
-        ]
-        store.write_run(traces, COMMAND)
+    cells = [
+        [hand_trace(settings, c, rounds, 1.0, steps=restarts(rounds, [0, 0, 0]), round_seconds=timed) for c in "uv"]
+        for settings, rounds in ((base, [0, 1, 0]), (runtime, [1, 1, 2]))
+    ]
+    greedy_traces = [hand_trace(greedy, "u", [], 2.0), hand_trace(greedy, "v", [], 2.0)]
+    baseline, *_ = store.write_runs([(greedy_traces, None), *((traces, None) for traces in cells)], COMMAND)
     assert stored_grid(store, "whisper-tiny.en").baseline == baseline
 
     app = page("cost_rule")

@@ -8,7 +8,7 @@ import pytest
 
 from specasr.cli import main
 from specasr.dataset import evaluation_set, load_manifest
-from specasr.experiments import COMMAND, Grid, GridRuns, clip_results, contrasts, run_grid, tables
+from specasr.experiments import COMMAND, Grid, GridRuns, clip_results, contrasts, run_grid, stored_grid, tables
 from specasr.metrics import bootstrap, pooled_bootstrap
 from specasr.pipeline import Pipeline
 from specasr.store import Store
@@ -265,7 +265,15 @@ def test_a_grid_runs_once_and_resumes_without_duplicates(sample_clips, tmp_path)
 
     more = Grid(BASE, ("random",), ("unrestricted", "shift"), (2,))
     grown = run_grid(pipeline, store, more, clips)
-    assert grown.cells[more.cells()[0]] == runs.cells[grid.cells()[0]] and len(store.runs()) == 5  # only the new cell
+    assert len(store.runs()) == 7  # timings compare within a batch: the baseline and both cells again, not the peaks
+    assert grown.peaks == runs.peaks and grown.baseline != runs.baseline
+    assert set(grown.cells.values()).isdisjoint(runs.cells.values())
+    stored = stored_grid(store, BASE.target)  # the latest baseline with the cells decoded beside it
+    assert (stored.baseline, stored.peaks, set(stored.cells.values())) == (
+        grown.baseline,
+        grown.peaks,
+        set(grown.cells.values()),
+    )
     peaks = store.traces(runs.peaks)
     assert all(t.verified and t.reference_frames for t in peaks)  # every layer's verification peak, per token
 

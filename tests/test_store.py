@@ -207,6 +207,18 @@ def test_traces_come_back_equal(store):
         store.run_summary([run, "nonesuch"])
 
 
+def test_runs_written_side_by_side_share_a_batch(store):
+    speculative, greedy = [speculative_trace("c1", [3, 1])], [greedy_trace()]
+    pair = store.write_runs([(speculative, None), (greedy, None)], "bench")
+    alone = store.write_run(greedy, "bench")
+    batches = {run.run_id: run.batch for run in store.decoded("bench")}
+    assert batches[pair[0]] == batches[pair[1]] != batches[alone]
+    assert [store.traces(run) for run in pair] == [speculative, greedy]
+    with pytest.raises(ValueError, match="at least one trace"):
+        store.write_runs([(greedy, None), ([], None)], "bench")
+    assert len(store.runs()) == 3  # the refused batch left nothing, not even its first run
+
+
 def test_schema_has_a_column_for_every_trace_field(store):
     with duckdb.connect(str(store.path)) as con:
         columns = {
@@ -359,7 +371,7 @@ def test_an_older_schema_is_migrated_on_open(tmp_path):
         _migrate(con, path, target=1)
         for table, frame in _run_frames("oldrun", [old], "decode", None).items():
             if table != "segments":
-                new_columns = ["decoder", "frame_seconds"]  # nor a decoder column, nor the frame duration
+                new_columns = ["decoder", "frame_seconds", "batch"]  # nor a decoder, a frame duration or a batch
                 con.register("frame", frame.drop(columns=new_columns, errors="ignore"))
                 con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM frame")
     store = Store(path)
@@ -369,6 +381,7 @@ def test_an_older_schema_is_migrated_on_open(tmp_path):
     assert {"segments", "reference_frames"} <= tables
     assert store.runs().run_id.tolist() == ["oldrun"]
     assert store.traces("oldrun") == [old]  # its frames are read as 20 ms ones: only Whisper existed then
+    assert [run.batch for run in store.decoded("decode")] == [None]
 
 
 def test_a_newer_schema_is_refused(store):
