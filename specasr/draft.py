@@ -147,18 +147,25 @@ class Draft(nn.Module):
         """An empty cache for one clip; the audio keys/values are projected once here, for the valid frames only
         (the draft never attends padding, so it need not keep it). With `frames`, a static cache: the audio is
         padded to that many frames and every step attends the whole cache under masks (CUDA graphs)."""
-        memory = memory[:, :valid_frames].to(self.dtype)
+        memory = memory[:, :valid_frames]
         if frames is not None:
             memory = F.pad(memory, (0, 0, 0, frames - valid_frames))
         shape = (memory.shape[0], self.config.n_heads, capacity, self.head_dim)
         audio_keys, audio_values = self.audio_memory(memory) if self.config.audio else (None, None)
-        keys, values = memory.new_zeros(shape), memory.new_zeros(shape)
+        keys, values = memory.new_zeros(shape, dtype=self.dtype), memory.new_zeros(shape, dtype=self.dtype)
         static = frames is not None
         return DraftCache(keys, values, audio_keys, audio_values, valid_frames, memory.shape[1], static=static)
 
     def audio_memory(self, memory: Tensor) -> tuple[Tensor, Tensor]:
-        """The encoder output (batch, frames, d_model) projected to audio keys and values, split into heads."""
-        keys, values = self.audio_kv(memory).split(self.config.d_model, dim=-1)
+        """The encoder output (batch, frames, d_model) projected to audio keys and values in the draft's precision,
+        split into heads. A float16 draft projects a float32 target's output in float32: on a CPU, float16 products
+        of many rows are slower (tiny.en, a 2.3 s clip: 2.1 ms against 0.9)."""
+        if memory.dtype == self.dtype:
+            projected = self.audio_kv(memory)
+        else:
+            weight, bias = self.audio_kv.weight.to(memory.dtype), self.audio_kv.bias.to(memory.dtype)
+            projected = F.linear(memory, weight, bias).to(self.dtype)
+        keys, values = projected.split(self.config.d_model, dim=-1)
         return self._heads(keys), self._heads(values)
 
     def _heads(self, x: Tensor) -> Tensor:
