@@ -96,7 +96,7 @@ def greedy(
     row = slice(len(target.prompt) - 1, len(target.prompt))
     result = Decoded([])
     while len(target.prompt) + len(result.tokens) < target.max_length:
-        token = target.greedy_tokens(out.logits[:, row], len(result.tokens))
+        token = target.greedy_tokens(out.states[:, row], len(result.tokens))
         value = token.item()
         if value == target.eot:
             break
@@ -221,7 +221,7 @@ class _SpeculativeLoop:
         target = self.target
         prompt = torch.tensor([target.prompt], device=self.device)
         out = self._verify(prompt)
-        first = target.greedy_tokens(out.logits[:, -1:], 0)[0]
+        first = target.greedy_tokens(out.states[:, -1:], 0)[0]
         peaks = self._verification_peaks(out.audio_attention)[-1:]
         (value,), rows = _read([first, peaks])
         self._record_verified(peaks, rows, [value])
@@ -278,7 +278,7 @@ class _SpeculativeLoop:
             out = self.steps.verify(block, torch.arange(position, position + k + 1, device=self.device))
         else:
             out = self._verify(block)
-        choices = target.greedy_tokens(out.logits, verified)[0]
+        choices = target.greedy_tokens(out.states, verified)[0]
         peaks = self._verification_peaks(out.audio_attention)
         verified_at = self.stopwatch.mark()
 

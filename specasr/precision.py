@@ -44,9 +44,9 @@ def argmax_flips(target: Target, clip: Clip, trace: Trace) -> Flips:
         if len(target.prompt) + len(emitted) < target.max_length:
             emitted = [*emitted, target.eot]
         inputs = torch.tensor([[*target.prompt, *emitted[:-1]]], device=memory.device)
-        logits = target.forward(inputs, target.new_cache(memory, inputs.shape[1])).logits
-        logits = logits[0, len(target.prompt) - 1 :].float()
-        choices = target.greedy_tokens(logits[None], 0)[0]  # suppresses what Whisper never starts with in row 0 only
+        states = target.forward(inputs, target.new_cache(memory, inputs.shape[1])).states[:, len(target.prompt) - 1 :]
+        choices = target.greedy_tokens(states, 0)[0]  # suppresses what Whisper never starts with in row 0 only
+        logits = target.logits(states)[0].float()
         emitted = torch.tensor(emitted, device=logits.device)
         differs = choices != emitted
         margin = logits.gather(1, choices[:, None])[:, 0] - logits.gather(1, emitted[:, None])[:, 0]

@@ -15,6 +15,7 @@ from specasr.targets import Target
 
 KINDS = ("self-attention", "cross-attention", "linear", "lm head", "other")
 MATRIX_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear"}
+HEAD_OPS = {"quantized::linear_dynamic_fp16"}  # only the target's float16 screen (specasr.targets.head) runs these
 ATTENTION_OPS = {"aten::softmax", "aten::_softmax", "aten::bmm", "aten::matmul"}
 
 
@@ -30,7 +31,7 @@ class Shapes:
 def op_kind(name: str, input_shapes: list, shapes: Shapes) -> str:
     """The kind of one profiled op from its name and the sizes of its inputs."""
     sizes = {size for shape in input_shapes if isinstance(shape, list) for size in shape}
-    if name in MATRIX_OPS and sizes & shapes.vocabularies:
+    if name in HEAD_OPS or (name in MATRIX_OPS and sizes & shapes.vocabularies):
         return "lm head"
     if "attention" in name or (name in ATTENTION_OPS and sizes & shapes.frames):
         return "cross-attention" if sizes & shapes.frames else "self-attention"
@@ -81,7 +82,7 @@ def profile_round(
 
         def run() -> None:
             cache.length = position
-            target.forward(block, cache, taps=draft.config.taps)
+            target.greedy_tokens(target.forward(block, cache, taps=draft.config.taps).states, 1)
 
         return run
 

@@ -14,6 +14,7 @@ from specasr.draft import DraftMismatchError, load_draft, random_draft, save_dra
 from specasr.pipeline import Pipeline
 from specasr.store import Store
 from specasr.targets import TargetUnavailableError, load_target
+from specasr.targets.head import VocabularyHead
 from specasr.trace import Settings
 from specasr.train import TrainConfig, train
 from specasr.trainset import teacher_forced
@@ -51,7 +52,7 @@ def test_step_equals_a_plain_transformers_forward(family):
     out = target.forward(torch.tensor([text]), cache, taps=(0, 1, 2), attention_layers=(0, 1))
 
     start, d = cache.prefix, target.d_model
-    assert torch.allclose(out.logits[0], reference.logits[0, start:], atol=1e-4)
+    assert torch.allclose(target.logits(out.states)[0], reference.logits[0, start:], atol=1e-4)
     for tap in (0, 1):  # transformers' last hidden state is after the final norm; our taps are the layer outputs
         assert torch.allclose(
             out.hidden[0, :, tap * d : (tap + 1) * d], reference.hidden_states[tap][0, start:], atol=1e-4
@@ -81,11 +82,10 @@ def test_frames_count_the_audio_memory(family):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_end_id_ends_the_text(family):
     target = random_prefix_target(family, seed=0, layers=1, heads=2, vocab_size=16, max_length=20)
-    logits = torch.full((1, 3, 16), -1.0)
-    for row, token in enumerate([6, 1, 5]):
-        logits[0, row, token] = 1.0
+    target.lm_head = VocabularyHead(torch.eye(16, target.d_model))  # state i scores token i highest
+    states = torch.eye(16, target.d_model)[[6, 1, 5]][None]
     expected = [1, 1, 5] if family == "qwen3_asr" else [6, 1, 5]  # Qwen3-ASR ends on 1 or 6; Voxtral on 1 only
-    assert target.greedy_tokens(logits, 0)[0].tolist() == expected
+    assert target.greedy_tokens(states, 0)[0].tolist() == expected
 
 
 def test_a_draft_fits_only_its_own_target(tmp_path, tiny_en):

@@ -176,8 +176,8 @@ def test_nothing_after_an_accepted_end_of_text_counts_as_accepted(monkeypatch):
     target = random_whisper_target(seed=0, layers=2, heads=2, vocab_size=8, max_length=30)
     greedy_choice = target.greedy_tokens
 
-    def ends_after_two_tokens(logits, first_index):  # and keeps choosing end-of-text after its end
-        tokens = greedy_choice(logits, first_index)
+    def ends_after_two_tokens(states, first_index):  # and keeps choosing end-of-text after its end
+        tokens = greedy_choice(states, first_index)
         return tokens.masked_fill(first_index + torch.arange(tokens.shape[1]) >= 2, target.eot)
 
     monkeypatch.setattr(target, "greedy_tokens", ends_after_two_tokens)

@@ -10,7 +10,7 @@ from specasr.audio import load_audio
 from specasr.decode import greedy_tokens
 from specasr.targets import TargetUnavailableError, builtin, load_target
 from specasr.targets.ct2 import CT2FormatError, load_ct2_whisper, read_ct2_variables
-from specasr.targets.whisper import vocabulary_logits
+from specasr.targets.head import vocabulary_logits
 
 
 def test_converted_state_dict_fills_every_transformers_weight():

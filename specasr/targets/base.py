@@ -13,10 +13,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from specasr.targets.head import VocabularyHead
+
 
 @dataclass
 class DecoderOutput:
-    logits: Tensor  # (batch, tokens, vocab)
+    states: Tensor  # (batch, tokens, d_model): final decoder states, the LM head's input (`Target.logits`)
     hidden: Tensor | None  # (batch, tokens, len(taps) * d_model): outputs of the tapped layers, concatenated
     audio_attention: Tensor | None  # (attention_layers, batch, tokens, frames): over the audio, averaged over heads
 
@@ -53,6 +55,7 @@ class Target(ABC):
     special_ids: frozenset[int]
     runtime_layer: int  # decoder layer (0-based) whose audio attention the runtime window reads
     tokenizer: Any  # a transformers tokenizer: encode / decode / __call__
+    lm_head: VocabularyHead
     frame_seconds: float  # duration of one audio-memory frame
     window_samples: int  # the longest audio one encoder pass hears
     cut_samples: int  # audio is cut into windows at multiples of this, so no frame is split
@@ -109,9 +112,13 @@ class Target(ABC):
         """
 
     @abstractmethod
-    def greedy_tokens(self, logits: Tensor, first_index: int) -> Tensor:
-        """The target's greedy choice for each row of logits (batch, T, vocab); `first_index` transcript tokens came
-        before the first row. Every end-of-text id comes back as `eot`."""
+    def greedy_tokens(self, states: Tensor, first_index: int) -> Tensor:
+        """The target's greedy choice for each row of final states (batch, T, d_model), exact as from its float
+        scores; `first_index` transcript tokens came before the first row. Every end-of-text id comes back as `eot`."""
+
+    def logits(self, states: Tensor) -> Tensor:
+        """Scores over the vocabulary for final states (batch, T, d_model)."""
+        return self.lm_head.logits(states)
 
     @abstractmethod
     def frozen_head(self) -> FrozenHead: ...
@@ -144,20 +151,6 @@ def step_positions(
         positions = torch.arange(cache.length, end, device=device)
         cache.length = end
     return positions, end
-
-
-def vocabulary_logits(hidden: Tensor, weight: Tensor) -> Tensor:
-    """hidden @ weight.T, with the vocabulary-sized matrix on the left of the product.
-
-    For the few rows of a decoding step CPU BLAS runs this layout several times faster (2-core EPYC, tiny.en's
-    51,864 x 384 head: 2 rows 1.6 ms instead of 10.5, 5 rows 2.5 instead of 8.5). A lone row is doubled because
-    the matrix-vector kernel is as slow as the other layout (5.5 ms; doubled, 2.2).
-    """
-    rows = hidden.reshape(-1, hidden.shape[-1])
-    n = rows.shape[0]
-    if n == 1:
-        rows = rows.repeat(2, 1)
-    return (weight @ rows.T)[:, :n].T.reshape(*hidden.shape[:-1], -1)
 
 
 def audio_peaks(audio_attention: Tensor, valid_frames: int) -> Tensor:

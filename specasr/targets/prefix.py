@@ -27,8 +27,9 @@ from transformers import (
 )
 
 from specasr.audio import SAMPLE_RATE
-from specasr.targets.base import DecoderOutput, FrozenHead, Target, step_positions, vocabulary_logits
+from specasr.targets.base import DecoderOutput, FrozenHead, Target, step_positions
 from specasr.targets.builtin import TargetUnavailableError
+from specasr.targets.head import VocabularyHead
 
 WINDOW_SECONDS = 30  # audio per encoder pass, as for Whisper: long clips are decoded in segments
 
@@ -95,6 +96,7 @@ class PrefixTarget(Target):
         special = set(getattr(tokenizer, "all_special_ids", None) or [])
         self.special_ids = frozenset(special | set(eos_ids))
         self.runtime_layer = self.n_layers - 1
+        self.lm_head = VocabularyHead(model.lm_head.weight)
 
     @classmethod
     def from_pretrained(cls, source: str, dtype: torch.dtype, device: torch.device) -> "PrefixTarget":
@@ -129,8 +131,8 @@ class PrefixTarget(Target):
     def frozen_head(self) -> FrozenHead:
         return FrozenHead(self._llm.embed_tokens.weight, None, self.model.lm_head.weight)
 
-    def greedy_tokens(self, logits: Tensor, first_index: int) -> Tensor:
-        choice = logits.argmax(dim=-1)
+    def greedy_tokens(self, states: Tensor, first_index: int) -> Tensor:
+        choice = self.lm_head.choose(states)
         return torch.where(torch.isin(choice, self.eos_ids), self.eot, choice)
 
     # the cached decoder
@@ -170,7 +172,7 @@ class PrefixTarget(Target):
             self._llm.embed_tokens(tokens), cache, cache.prefix + positions, visible, taps, attention_layers
         )
         return DecoderOutput(
-            logits=vocabulary_logits(self._llm.norm(x), self.model.lm_head.weight),
+            states=self._llm.norm(x),
             hidden=torch.cat(tapped, dim=-1) if taps else None,
             audio_attention=torch.stack(rows) if attention_layers else None,
         )

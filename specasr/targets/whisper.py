@@ -14,7 +14,8 @@ from torch import Tensor
 from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration, WhisperTokenizer
 
 from specasr.audio import SAMPLE_RATE
-from specasr.targets.base import DecoderOutput, FrozenHead, Target, step_positions, vocabulary_logits
+from specasr.targets.base import DecoderOutput, FrozenHead, Target, step_positions
+from specasr.targets.head import VocabularyHead
 
 HOP_LENGTH = 160  # samples per mel frame
 ENCODER_STRIDE = 2  # mel frames per encoder frame
@@ -75,6 +76,7 @@ class WhisperTarget(Target):
         self.special_ids = frozenset(tokenizer.all_special_ids) | frozenset(range(self.eot, self.vocab_size))
         self.runtime_layer = self.n_layers - 1  # read by the runtime window; built-ins set the one chosen on data
         self._decoder = model.model.decoder
+        self.lm_head = VocabularyHead(self._decoder.embed_tokens.weight)
 
     @property
     def device(self) -> torch.device:
@@ -180,23 +182,22 @@ class WhisperTarget(Target):
             x = x + layer.fc2(layer.activation_fn(layer.fc1(h)))
             if i + 1 in taps:
                 tapped.append(x)
-        logits = vocabulary_logits(decoder.layer_norm(x), decoder.embed_tokens.weight)
         return DecoderOutput(
-            logits=logits,
+            states=decoder.layer_norm(x),
             hidden=torch.cat(tapped, dim=-1) if taps else None,
             audio_attention=torch.stack(attention_rows) if attention_layers else None,
         )
 
-    def greedy_tokens(self, logits: Tensor, first_index: int) -> Tensor:
-        """Whisper's greedy choice for each row of logits (batch, T, vocab).
+    def greedy_tokens(self, states: Tensor, first_index: int) -> Tensor:
+        """Whisper's greedy choice for each row of final states (batch, T, d_model).
 
         first_index: how many tokens were generated before the first row; at 0 the tokens
         Whisper never starts with (blank, end-of-text) are suppressed too, as `generate` does.
         """
-        logits = logits.masked_fill(self.suppress, float("-inf"))
+        banned = self.suppress.expand(states.shape[1], -1)
         if first_index == 0:
-            logits[:, 0] = logits[:, 0].masked_fill(self.begin_suppress, float("-inf"))
-        return logits.argmax(dim=-1)
+            banned = torch.cat([(self.suppress | self.begin_suppress)[None], banned[1:]])
+        return self.lm_head.choose(states, banned)
 
     def frozen_head(self) -> FrozenHead:
         decoder = self._decoder
