@@ -83,6 +83,16 @@ def test_the_error_bound_holds_for_every_score():
     assert ((approx - exact).abs() <= bound).all()
 
 
+@needs_fbgemm
+def test_states_no_score_tells_apart_get_the_first_allowed_token():
+    head, _ = _head()
+    banned = torch.zeros(3000, dtype=torch.bool)
+    banned[:5] = True
+    for states in (torch.zeros(1, 2, 64), torch.full((1, 2, 64), float("nan"))):
+        assert head.screen.candidates(states[0], banned.expand(2, -1)) is None
+    assert head.choose(torch.zeros(1, 2, 64), banned).tolist() == [[5, 5]]
+
+
 def test_heads_the_screen_cannot_serve_use_the_plain_product():
     weight = torch.randn(100, 16)
     assert not Float16Screen.applies_to(weight.half())

@@ -12,6 +12,7 @@ from torch import Tensor
 
 FLOAT16_EPSILON = 2.0**-11  # unit roundoff of float16
 FLOAT32_EPSILON = 2.0**-24
+MOST_CANDIDATES = 256  # per row, rescored in float32; beyond that the plain product is the cheaper way
 
 
 def vocabulary_logits(hidden: Tensor, weight: Tensor) -> Tensor:
@@ -42,12 +43,19 @@ class VocabularyHead:
     def choose(self, states: Tensor, banned: Tensor | None = None) -> Tensor:
         """The highest-scoring token for each row of states (..., d_model), never one `banned` marks (a boolean mask
         over the vocabulary that broadcasts against the scores)."""
-        if self.screen is not None:
-            return self.screen.choose(states, banned)
-        scores = self.logits(states)
+        rows = states.reshape(-1, states.shape[-1])
         if banned is not None:
-            scores = scores.masked_fill(banned, float("-inf"))
-        return scores.argmax(dim=-1)
+            banned = banned.expand(*states.shape[:-1], self.weight.shape[0]).reshape(rows.shape[0], -1)
+        found = self.screen.candidates(rows, banned) if self.screen is not None else None
+        if found is None:
+            scores = vocabulary_logits(rows, self.weight)
+            if banned is not None:
+                scores = scores.masked_fill(banned, float("-inf"))
+        else:
+            row, token = found
+            scores = torch.full((rows.shape[0], self.weight.shape[0]), float("-inf"), dtype=rows.dtype)
+            scores[row, token] = (self.weight[token] * rows[row]).sum(dim=-1)  # the same sum for a row in any block
+        return scores.argmax(dim=-1).view(states.shape[:-1])
 
 
 class Float16Screen:
@@ -76,15 +84,15 @@ class Float16Screen:
             and bool(weight.abs().max() < torch.finfo(torch.float16).max)  # no saturated copy
         )
 
-    def choose(self, states: Tensor, banned: Tensor | None) -> Tensor:
-        rows = states.reshape(-1, states.shape[-1])
+    def candidates(self, rows: Tensor, banned: Tensor | None) -> tuple[Tensor, Tensor] | None:
+        """(row, token) index pairs that may hold each row's largest float32 score; None where the bound leaves so
+        many that the plain product is cheaper (states near zero, or not finite)."""
         approx = torch.ops.quantized.linear_dynamic_fp16(rows, self.packed)
         if banned is not None:
-            banned = banned.expand(*states.shape[:-1], approx.shape[-1]).reshape(approx.shape)
             approx = approx.masked_fill(banned, float("-inf"))
         error = rows.norm(dim=1, keepdim=True) * self.row_error
         floor = (approx - error).amax(dim=1, keepdim=True)
         row, token = (approx + error >= floor).nonzero(as_tuple=True)
-        scores = torch.full_like(approx, float("-inf"))
-        scores[row, token] = (self.weight[token] * rows[row]).sum(dim=-1)  # the same sum for a row in any block
-        return scores.argmax(dim=-1).view(states.shape[:-1])
+        if not 0 < len(token) <= MOST_CANDIDATES * len(rows):
+            return None
+        return row, token
