@@ -163,8 +163,8 @@ def test_a_draft_started_from_the_targets_last_layer_is_that_layer(tiny_en, samp
     """Fed the states the target's last layer reads, the block returns what the target's last layer returns."""
     memory = tiny_en.encode(tiny_en.features(load_audio(sample_clips[0].path)))
     tokens = torch.tensor([[*tiny_en.prompt, *tiny_en.tokenizer(" The cat sat down.").input_ids]])
-    states = tiny_en.forward(tokens, tiny_en.new_cache(memory), taps=(tiny_en.n_layers - 1,))
-    before = states.hidden
+    target_out = tiny_en.forward(tokens, tiny_en.new_cache(memory), taps=(tiny_en.n_layers - 1,))
+    before = target_out.hidden
 
     draft = random_draft(tiny_en, ffn_dim=tiny_en.model.config.decoder_ffn_dim)
     start_from_target_layer(draft, tiny_en)
@@ -173,7 +173,7 @@ def test_a_draft_started_from_the_targets_last_layer_is_that_layer(tiny_en, samp
     with torch.inference_mode():
         q, k, v = draft.self_qkv(before)
         out = draft.block(before, q, k, v, causal, draft.audio_memory(memory), frames)
-    assert torch.allclose(draft.logits(out.hidden), states.logits, atol=1e-3)
+    assert torch.allclose(draft.logits(out.hidden), tiny_en.logits(target_out.states), atol=1e-3)
 
 
 def test_a_narrower_draft_keeps_the_strongest_units_of_the_targets_layer(tiny_en):
