@@ -18,9 +18,9 @@ MOST_CANDIDATES = 256  # per row, rescored in float32; beyond that the plain pro
 def vocabulary_logits(hidden: Tensor, weight: Tensor) -> Tensor:
     """hidden @ weight.T, with the vocabulary-sized matrix on the left of the product.
 
-    For the few rows of a decoding step CPU BLAS runs this layout several times faster (2-core EPYC, tiny.en's
-    51,864 x 384 head: 2 rows 1.6 ms instead of 10.5, 5 rows 2.5 instead of 8.5). A lone row is doubled because
-    the matrix-vector kernel is as slow as the other layout (5.5 ms; doubled, 2.2).
+    For the few rows of a decoding step CPU BLAS runs this layout several times faster (an earlier 2-core EPYC VM,
+    tiny.en's 51,864 x 384 head: 2 rows 1.6 ms instead of 10.5, 5 rows 2.5 instead of 8.5). A lone row is doubled
+    because the matrix-vector kernel is as slow as the other layout (5.5 ms; doubled, 2.2).
     """
     rows = hidden.reshape(-1, hidden.shape[-1])
     n = rows.shape[0]
@@ -59,7 +59,7 @@ class VocabularyHead:
 
 
 class Float16Screen:
-    """The exact argmax of a float32 head, read mostly from a float16 copy.
+    """Which tokens of a float32 head may hold a row's largest score, read from a float16 copy of the head.
 
     For states h and a head row w with float16 copy w', the kernel's score s' = h.w' in float32 differs from the
     float32 score s = h.w by at most |h| |w' - w| + (u16 + 2 d u32) |h| |w'|, by Cauchy-Schwarz and the usual
@@ -68,7 +68,6 @@ class Float16Screen:
     """
 
     def __init__(self, weight: Tensor):
-        self.weight = weight
         self.packed = torch.ops.quantized.linear_prepack_fp16(weight, None)
         rounded, _ = torch.ops.quantized.linear_unpack_fp16(self.packed)
         slack = FLOAT16_EPSILON + 2 * weight.shape[1] * FLOAT32_EPSILON
