@@ -1,3 +1,4 @@
+import copy
 import struct
 
 import ctranslate2
@@ -120,3 +121,15 @@ def test_vocabulary_logits_equal_the_plain_product(shape):
     logits = vocabulary_logits(hidden, embedding)
     assert logits.shape == (*shape[:-1], 50)
     torch.testing.assert_close(logits, hidden @ embedding.T)
+
+
+@pytest.mark.parametrize("target_name", ["tiny_en", "base"])
+def test_the_encoder_pass_is_transformers_encoder_in_float32(request, target_name, sample_clips):
+    """Both within float32 rounding of transformers' encoder run in float64 (ours sums in another order)."""
+    target = request.getfixturevalue(target_name)
+    features = target.features(load_audio(sample_clips[0].path))
+    with torch.inference_mode():
+        exact = copy.deepcopy(target.model.model.encoder).double()(features.double()).last_hidden_state
+        tolerance = 1e-4 * exact.abs().max()
+        assert (target.encode(features) - exact).abs().max() < tolerance
+        assert (target.model.model.encoder(features).last_hidden_state - exact).abs().max() < tolerance

@@ -16,6 +16,7 @@ from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneratio
 from specasr.audio import SAMPLE_RATE
 from specasr.targets.base import DecoderOutput, FrozenHead, Target, step_positions
 from specasr.targets.head import VocabularyHead
+from specasr.targets.packed import PackedLinears
 
 HOP_LENGTH = 160  # samples per mel frame
 ENCODER_STRIDE = 2  # mel frames per encoder frame
@@ -75,8 +76,9 @@ class WhisperTarget(Target):
         self.begin_suppress = self._vocab_mask(generation.begin_suppress_tokens)
         self.special_ids = frozenset(tokenizer.all_special_ids) | frozenset(range(self.eot, self.vocab_size))
         self.runtime_layer = self.n_layers - 1  # read by the runtime window; built-ins set the one chosen on data
-        self._decoder = model.model.decoder
+        self._encoder, self._decoder = model.model.encoder, model.model.decoder
         self.lm_head = VocabularyHead(self._decoder.embed_tokens.weight)
+        self._linear = PackedLinears(m for m in model.model.modules() if isinstance(m, torch.nn.Linear))
 
     @property
     def device(self) -> torch.device:
@@ -109,7 +111,21 @@ class WhisperTarget(Target):
 
     @torch.inference_mode()
     def encode(self, features: Tensor) -> Tensor:
-        return self.model.model.encoder(features).last_hidden_state
+        """transformers' encoder pass, its linear layers through `PackedLinears`."""
+        encoder, linear = self._encoder, self._linear
+        x = F.gelu(encoder.conv2(F.gelu(encoder.conv1(features)))).transpose(1, 2)
+        x = x + encoder.embed_positions.weight
+        for layer in encoder.layers:
+            attn = layer.self_attn
+            h = layer.self_attn_layer_norm(x)
+            q, k, v = (self._heads(linear(proj, h)) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
+            x = x + linear(attn.out_proj, self._merge_heads(F.scaled_dot_product_attention(q, k, v)))
+            h = layer.final_layer_norm(x)
+            x = x + linear(layer.fc2, layer.activation_fn(linear(layer.fc1, h)))
+            if x.dtype == torch.float16:  # as transformers does, against overflow
+                limit = torch.finfo(x.dtype).max - 1000
+                x = x.clamp(-limit, limit)
+        return encoder.layer_norm(x)
 
     # the cached decoder
 
@@ -121,8 +137,8 @@ class WhisperTarget(Target):
         cross_keys, cross_values = [], []
         for layer in self._decoder.layers:
             attn = layer.encoder_attn
-            cross_keys.append(self._heads(attn.k_proj(memory)))
-            cross_values.append(self._heads(attn.v_proj(memory)))
+            cross_keys.append(self._heads(self._linear(attn.k_proj, memory)))
+            cross_values.append(self._heads(self._linear(attn.v_proj, memory)))
         return KVCache(
             self_keys=memory.new_zeros(shape),
             self_values=memory.new_zeros(shape),
@@ -147,7 +163,7 @@ class WhisperTarget(Target):
         positions: Tensor | None = None,
     ) -> DecoderOutput:
         positions, end = step_positions(cache, tokens.shape[1], positions, tokens.device)
-        decoder = self._decoder
+        decoder, linear = self._decoder, self._linear
         table = decoder.embed_positions.weight
         # Rows past the last position exist only as padding of a fixed-size verification block; their outputs are
         # never read.
@@ -159,27 +175,27 @@ class WhisperTarget(Target):
         for i, layer in enumerate(decoder.layers):
             attn = layer.self_attn
             h = layer.self_attn_layer_norm(x)
-            q = self._heads(attn.q_proj(h) * attn.scaling)
+            q = self._heads(linear(attn.q_proj, h) * attn.scaling)
             keys, values = cache.self_keys[i], cache.self_values[i]
-            keys.index_copy_(2, positions, self._heads(attn.k_proj(h)))
-            values.index_copy_(2, positions, self._heads(attn.v_proj(h)))
+            keys.index_copy_(2, positions, self._heads(linear(attn.k_proj, h)))
+            values.index_copy_(2, positions, self._heads(linear(attn.v_proj, h)))
             out = F.scaled_dot_product_attention(
                 q, keys[:, :, :visible], values[:, :, :visible], attn_mask=causal, scale=1.0
             )
-            x = x + attn.out_proj(self._merge_heads(out))
+            x = x + linear(attn.out_proj, self._merge_heads(out))
 
             attn = layer.encoder_attn
-            q = self._heads(attn.q_proj(layer.encoder_attn_layer_norm(x)) * attn.scaling)
+            q = self._heads(linear(attn.q_proj, layer.encoder_attn_layer_norm(x)) * attn.scaling)
             if i in attention_layers:
                 weights = torch.softmax(q @ cache.cross_keys[i].transpose(-1, -2), dim=-1)
                 out = weights @ cache.cross_values[i]
                 attention_rows.append(weights.mean(dim=1))
             else:
                 out = F.scaled_dot_product_attention(q, cache.cross_keys[i], cache.cross_values[i], scale=1.0)
-            x = x + attn.out_proj(self._merge_heads(out))
+            x = x + linear(attn.out_proj, self._merge_heads(out))
 
             h = layer.final_layer_norm(x)
-            x = x + layer.fc2(layer.activation_fn(layer.fc1(h)))
+            x = x + linear(layer.fc2, layer.activation_fn(linear(layer.fc1, h)))
             if i + 1 in taps:
                 tapped.append(x)
         return DecoderOutput(
