@@ -14,7 +14,7 @@ from specasr.draft import Draft
 from specasr.targets import Target
 
 KINDS = ("self-attention", "cross-attention", "linear", "lm head", "other")
-MATRIX_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear"}
+MATRIX_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear", "mkldnn::_linear_pointwise"}
 HEAD_OPS = {"quantized::linear_dynamic_fp16"}  # only the target's float16 screen (specasr.targets.head) runs these
 ATTENTION_OPS = {"aten::softmax", "aten::_softmax", "aten::bmm", "aten::matmul"}
 

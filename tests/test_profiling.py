@@ -20,6 +20,7 @@ SHAPES = Shapes(vocabularies=frozenset({51864, 4096}), frames=frozenset({1500, 1
         ("aten::bmm", [[6, 5, 64], [6, 64, 1500]], "cross-attention"),  # the explicit path of the runtime layer
         ("aten::_softmax", [[1, 8, 1, 170], [], []], "cross-attention"),  # the draft over the valid frames
         ("aten::addmm", [[384], [5, 384], [384, 1536]], "linear"),
+        ("mkldnn::_linear_pointwise", [[1, 5, 384], [1536, 384], [1536], [], [], []], "linear"),  # packed weights
         ("aten::layer_norm", [[1, 5, 384], [], [384], [384], [], []], "other"),
     ],
 )
