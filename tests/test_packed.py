@@ -9,33 +9,47 @@ needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reas
 
 def _layer(inputs: int, outputs: int, bias: bool = True) -> nn.Linear:
     torch.manual_seed(0)
-    return nn.Linear(inputs, outputs, bias=bias).eval()
+    return nn.Linear(inputs, outputs, bias=bias).eval().requires_grad_(False)
 
 
 @needs_onednn
 @pytest.mark.parametrize(("shape", "bias"), [((1, 1, 64), True), ((1, 5, 64), False), ((2, 300, 64), True)])
 def test_a_packed_layer_computes_the_layer(shape, bias):
-    layer = _layer(64, 96, bias)
-    linears = PackedLinears([layer])
+    layer, linears = _layer(64, 96, bias), PackedLinears()
     x = torch.randn(*shape)
-    with torch.inference_mode():
-        assert torch.allclose(linears(layer, x), layer(x), atol=1e-5, rtol=1e-5)
+    assert torch.allclose(linears(layer, x), layer(x), atol=1e-5, rtol=1e-5)
 
 
 @needs_onednn
 def test_a_row_is_the_same_alone_and_in_a_block():
-    layer = _layer(384, 1536)
-    linears = PackedLinears([layer])
+    layer, linears = _layer(384, 1536), PackedLinears()
     block = torch.randn(1, 5, 384)
-    with torch.inference_mode():
-        alone = torch.cat([linears(layer, block[:, i : i + 1]) for i in range(5)], dim=1)
-        assert torch.equal(alone, linears(layer, block))
+    alone = torch.cat([linears(layer, block[:, i : i + 1]) for i in range(5)], dim=1)
+    assert torch.equal(alone, linears(layer, block))
+
+
+@needs_onednn
+def test_a_changed_weight_is_packed_again():
+    layer, linears = _layer(16, 8), PackedLinears()
+    x = torch.randn(3, 16)
+    linears(layer, x)
+    layer.weight.mul_(-2)
+    assert torch.allclose(linears(layer, x), layer(x), atol=1e-5)
+    layer.weight.data = torch.randn(8, 16)
+    assert torch.allclose(linears(layer, x), layer(x), atol=1e-5)
+
+
+def test_gradients_flow_where_autograd_records():
+    layer, linears = nn.Linear(16, 8), PackedLinears()
+    x = torch.randn(3, 16, requires_grad=True)
+    linears(layer, x).sum().backward()
+    assert layer.weight.grad is not None and x.grad is not None
 
 
 def test_layers_it_cannot_pack_run_as_they_are():
-    half, double, unlisted = _layer(8, 4).half(), _layer(8, 4).double(), _layer(8, 4)
-    linears = PackedLinears([half, double])
+    half, double = _layer(8, 4).half(), _layer(8, 4).double()
     assert not packable(half.weight) and not packable(double.weight)
-    for layer in (half, double, unlisted):
+    linears = PackedLinears()
+    for layer in (half, double):
         x = torch.randn(3, 8, dtype=layer.weight.dtype)
         assert torch.equal(linears(layer, x), layer(x))

@@ -21,7 +21,7 @@ def always_propose(draft: Draft, token: int) -> Draft:
     """Make a draft (nearly) always propose `token`, so that repetitive targets accept long runs."""
     with torch.no_grad():
         draft.out_norm.weight.zero_()
-        draft.out_norm.bias.copy_(8 * draft._frozen["lm_head"][token])
+        draft.out_norm.bias.copy_(8 * draft._frozen["lm_head"].weight[token])
     return draft
 
 

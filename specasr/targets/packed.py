@@ -6,8 +6,6 @@ encoder pass ran about 1.4x faster through oneDNN on an AVX-512 AMD EPYC). A row
 as in a block, which MKL's product does not promise.
 """
 
-from collections.abc import Iterable
-
 import torch
 from torch import Tensor, nn
 
@@ -17,21 +15,23 @@ def packable(weight: Tensor) -> bool:
 
 
 class PackedLinears:
-    """Packed weights of some linear layers; `linears(layer, x)` is `layer(x)`, through oneDNN where it was packed.
+    """`linears(layer, x)` is `layer(x)`, through oneDNN where the weight is `packable`: packed on first use and
+    again once the weight has changed. While autograd records a product that needs gradients, the plain layer.
 
-    The layers stay as they are (a peer may run the same model through its own forward); the packed copy is the
-    layers' weights once more in memory.
+    The layers stay as they are (a peer may run the same model through its own forward); a packed copy is the
+    layer's weight once more in memory.
     """
 
-    def __init__(self, layers: Iterable[nn.Linear]):
-        self._packed = {
-            layer: torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach(), None)
-            for layer in layers
-            if packable(layer.weight)
-        }
+    def __init__(self):
+        self._packed: dict[nn.Linear, tuple[tuple[int, int], Tensor]] = {}
 
     def __call__(self, layer: nn.Linear, x: Tensor) -> Tensor:
-        packed = self._packed.get(layer)
-        if packed is None:
+        weight = layer.weight
+        recording = torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad)
+        if recording or x.dtype != weight.dtype or not packable(weight):
             return layer(x)
-        return torch.ops.mkldnn._linear_pointwise(x, packed, layer.bias, "none", [], "")
+        stamp = (weight._version, weight.data_ptr())
+        stamped = self._packed.get(layer)
+        if stamped is None or stamped[0] != stamp:
+            stamped = self._packed[layer] = (stamp, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None))
+        return torch.ops.mkldnn._linear_pointwise(x, stamped[1], layer.bias, "none", [], "")

@@ -78,7 +78,7 @@ class WhisperTarget(Target):
         self.runtime_layer = self.n_layers - 1  # read by the runtime window; built-ins set the one chosen on data
         self._encoder, self._decoder = model.model.encoder, model.model.decoder
         self.lm_head = VocabularyHead(self._decoder.embed_tokens.weight)
-        self._linear = PackedLinears(m for m in model.model.modules() if isinstance(m, torch.nn.Linear))
+        self._linear = PackedLinears()
 
     @property
     def device(self) -> torch.device:
