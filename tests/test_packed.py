@@ -39,6 +39,13 @@ def test_a_changed_weight_is_packed_again():
     assert torch.allclose(linears(layer, x), layer(x), atol=1e-5)
 
 
+@needs_onednn
+def test_a_layer_made_under_inference_mode_is_packed():
+    with torch.inference_mode():
+        layer, x = nn.Linear(16, 8), torch.randn(3, 16)
+        assert torch.allclose(PackedLinears()(layer, x), layer(x), atol=1e-5)
+
+
 def test_gradients_flow_where_autograd_records():
     layer, linears = nn.Linear(16, 8), PackedLinears()
     x = torch.randn(3, 16, requires_grad=True)

@@ -21,7 +21,8 @@ def packable(weight: Tensor) -> bool:
 
 class PackedLinears:
     """`linears(layer, x)` is `layer(x)`, through oneDNN where the weight is `packable`: packed on first use and
-    again once the weight has changed. While autograd records a product that needs gradients, the plain layer.
+    again once the weight has changed (a weight made under inference mode counts no changes in place). While
+    autograd records a product that needs gradients, the plain layer.
 
     The layers stay as they are (a peer may run the same model through its own forward); a packed copy is the
     layer's weight once more in memory.
@@ -35,7 +36,7 @@ class PackedLinears:
         recording = torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad)
         if recording or x.dtype != weight.dtype or not packable(weight):
             return layer(x)
-        stamp = (weight._version, weight.data_ptr())
+        stamp = (0 if weight.is_inference() else weight._version, weight.data_ptr())  # inference tensors keep none
         stamped = self._packed.get(layer)
         if stamped is None or stamped[0] != stamp:
             stamped = self._packed[layer] = (stamp, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None))
