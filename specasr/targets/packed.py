@@ -11,12 +11,11 @@ import platform
 import torch
 from torch import Tensor, nn
 
-X86 = platform.machine().lower() in ("x86_64", "amd64")  # where it was measured
+ONEDNN = platform.machine().lower() in ("x86_64", "amd64") and torch.backends.mkldnn.is_available()  # as measured
 
 
 def packable(weight: Tensor) -> bool:
-    on_cpu = weight.device.type == "cpu" and weight.dtype == torch.float32
-    return on_cpu and X86 and torch.backends.mkldnn.is_available()
+    return ONEDNN and weight.device.type == "cpu" and weight.dtype == torch.float32
 
 
 class PackedLinears:
