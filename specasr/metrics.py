@@ -163,6 +163,32 @@ def predicted_round_speedup(L: float, k: int, rho: float) -> float:
 
 
 @dataclass
+class LoopCosts:
+    """What the cost model (1 + L) / (1 + K rho) leaves out of a measured loop: it prices a verification pass as
+    one greedy step and the loop's work outside draft steps and verification passes as nothing."""
+
+    verify_steps: float  # one verification pass, in tokens of our greedy loop's decode phase
+    outside_share: float  # of the speculative decode phase: the prompt pass, host reads, bookkeeping
+
+    def accounted_speedup(self, model_speedup: float) -> float:
+        """The cost model's decode speedup with these two costs put back."""
+        return model_speedup * (1 - self.outside_share) / self.verify_steps
+
+
+def loop_costs(traces: list[Trace], greedy: list[Trace]) -> LoopCosts:
+    """Loop costs of speculative decodes, against our greedy loop's decodes of the same clips."""
+    rounds = [r for t in traces for r in t.rounds]
+    greedy_tokens = sum(len(t.tokens) for t in greedy)
+    decode = sum(t.timings.decode for t in traces)
+    if not rounds or not greedy_tokens or decode <= 0:
+        raise ValueError("need speculative rounds, greedy tokens and positive decode time to account a loop")
+    step = sum(t.timings.decode for t in greedy) / greedy_tokens
+    verify = sum(r.verify_seconds for r in rounds) / len(rounds)
+    inside = sum(r.draft_seconds + r.verify_seconds for r in rounds)
+    return LoopCosts(verify_steps=verify / step, outside_share=1 - inside / decode)
+
+
+@dataclass
 class Interval:
     """A point estimate with its bootstrap interval."""
 

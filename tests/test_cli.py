@@ -102,6 +102,9 @@ def test_bench_times_peers_beside_our_loops_as_json(capsys, speech):
     random = summary["random"]
     assert random["same_tokens_clips"] == 1 and random["L"] >= 0
     assert random["cost_model_speedup"] == pytest.approx((1 + random["L"]) / (1 + 2 * random["rho"]))
+    assert random["verify_steps"] > 0 and 0 < random["outside_share"] < 1
+    accounted = random["cost_model_speedup"] * (1 - random["outside_share"]) / random["verify_steps"]
+    assert random["accounted_speedup"] == pytest.approx(accounted)
     assert [row["arm"] for row in record["clips"]] == list(summary)
     with pytest.raises(SystemExit):
         main(["bench", "--peers", "whisper.cpp"])

@@ -7,6 +7,7 @@ from specasr.metrics import (
     acceptance,
     anchor_error_by_depth,
     correction_pays,
+    loop_costs,
     normalize_text,
     paired_bootstrap,
     predicted_round_speedup,
@@ -103,6 +104,23 @@ def test_verify_anchor_error_uses_the_chosen_layer_and_skips_missing_references(
     assert verify_anchor_error([trace], [[5, None, 21]], layer=-1) == 3.5  # errors [3, 4]
     with pytest.raises(ValueError, match="no verified tokens"):
         verify_anchor_error([trace], [[None, None, None]], layer=0)
+
+
+def test_loop_costs_put_the_verification_price_and_the_outside_work_back_into_the_cost_model():
+    # Greedy: 6 tokens in 0.6 s (0.1 s a step). Speculative: 2 rounds of 4 proposals (0.02 s a draft step) and a
+    # 0.07 s pass each, in 0.5 s of decode phase: 0.2 s outside draft steps and passes.
+    greedy = Trace("a", Settings(), [7] * 6, "", timings=Timings(decode=0.6))
+    speculative = make_trace("a", [3, 2], k=4, timings=Timings(decode=0.5))
+    for r in speculative.rounds:
+        r.draft_seconds, r.verify_seconds = 0.08, 0.07
+    costs = loop_costs([speculative], [greedy])
+    assert costs.verify_steps == pytest.approx(0.7)
+    assert costs.outside_share == pytest.approx(0.4)
+    model = predicted_round_speedup(L=2.5, k=4, rho=rho([speculative]))
+    # With every round proposing K, the accounting is exact: 1 + L tokens a round at the greedy step's price.
+    assert costs.accounted_speedup(model) == pytest.approx((1 + 2.5) * 0.1 * 2 / 0.5)
+    with pytest.raises(ValueError, match="account"):
+        loop_costs([speculative], [])
 
 
 def test_speedup_is_a_ratio_of_total_wall_clock():
