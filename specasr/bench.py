@@ -8,7 +8,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from specasr.audio import Clip
-from specasr.metrics import acceptance, loop_costs, predicted_round_speedup, rho
+from specasr.metrics import acceptance, loop_costs, predicted_round_speedup, proposals_per_round, rho
 from specasr.pipeline import Pipeline
 from specasr.store import Store
 from specasr.trace import Settings, Trace
@@ -89,9 +89,9 @@ def benchmark(
 def summary(table: pd.DataFrame, results: dict[str, ArmResult]) -> pd.DataFrame:
     """One row per arm: speedups over our greedy loop (median over clips and pooled over time), seconds per clip,
     decode-phase tokens per second, clips with our greedy's tokens and, for speculative arms, acceptance, rho, the
-    cost model's decode speedup (1 + L) / (1 + K rho), to hold against the measured one, and what the model leaves
-    out: a verification pass in greedy steps, the share of the decode phase outside draft steps and verification
-    passes, and the model's speedup with both put back.
+    cost model's decode speedup (1 + L) / (1 + K rho) with K the rounds' mean proposals, to hold against the measured
+    one, and what the model leaves out: a verification pass in greedy steps, the share of the decode phase outside
+    draft steps and verification passes, and the model's speedup with both put back.
 
     Acceptance is counted on the first repetition (every repetition decodes the same tokens); the costs on all of
     them.
@@ -115,7 +115,7 @@ def summary(table: pd.DataFrame, results: dict[str, ArmResult]) -> pd.DataFrame:
             first = [t for t, repeat in zip(result.traces, result.repeats, strict=True) if repeat == 0]
             accepted, measured_rho = acceptance(first), rho(result.traces)
             row |= {"L": accepted.L, "a1": accepted.a1, "a2c": accepted.a2c, "rho": measured_rho}
-            model = predicted_round_speedup(accepted.L, result.settings.k, measured_rho)
+            model = predicted_round_speedup(accepted.L, proposals_per_round(result.traces), measured_rho)
             costs = loop_costs(result.traces, greedy)
             row |= {"cost_model_speedup": model, "verify_steps": costs.verify_steps}
             row |= {"outside_share": costs.outside_share, "accounted_speedup": costs.accounted_speedup(model)}

@@ -22,6 +22,7 @@ from specasr.trace import DraftStep, Round, Settings, Timings, VerifiedToken
 from specasr.windows import NO_WINDOW, RUNTIME_WINDOWS, WindowPolicy
 
 FIXED_SHAPE_DEVICES = ("cuda",)  # rounds replay captured steps there (CUDA graphs); on a CPU padding only costs
+FREE_READ_DEVICES = ("cpu",)  # reading a proposal's confidence there costs no wait, so a round stops drafting at it
 
 
 class PhaseTimer:
@@ -157,8 +158,9 @@ class _SpeculativeLoop:
     """One segment's rounds, each of fixed shapes after the first on CUDA: the draft catches up over K + 1 positions
     (the ones the last verification accepted, then padding; on a CPU only the accepted ones) and takes K - 1 single
     steps; the target verifies K + 1 tokens; there these three steps replay CUDA graphs over static caches.
-    Proposals past a threshold stop or the length limit are computed and dropped. Window centres and masks are
-    computed on the device; the host reads the device once per round."""
+    Eager rounds draft no further than the length limit and, on a CPU, than their first proposal below the
+    confidence threshold; captured ones compute such proposals and drop them. Window centres and masks are computed
+    on the device; but for those confidences on a CPU, the host reads the device once per round."""
 
     def __init__(self, target, draft, memory, valid_frames, settings, reference, origin, captured):
         self.target, self.draft, self.settings, self.origin = target, draft, settings, origin
@@ -175,6 +177,7 @@ class _SpeculativeLoop:
             self.attention_layers = (runtime_layer,)
         self.stopwatch = Stopwatch(self.device)
         self.fixed_shapes = self.device.type in FIXED_SHAPE_DEVICES
+        self.stops_early = settings.threshold > 0 and self.device.type in FREE_READ_DEVICES and not self.fixed_shapes
         capacity = target.max_length + settings.k + 1  # the last block's padding runs past the length limit
         self.steps = None
         if self.fixed_shapes:
@@ -259,12 +262,14 @@ class _SpeculativeLoop:
         centres = torch.cat([caught_up[last : last + 1], self.policy.centres(verified + 1, k - 1, verified)])
         hidden, next_features = out.hidden[:, last], out.features[:, last : last + 1]
         attention = [] if out.attention is None else [out.attention[0, last]]
+        budget = target.max_length - n_prompt - verified - 1
+        depths = k if self.fixed_shapes else max(1, min(k, budget))
         proposals, confidences = [], []
-        for depth in range(1, k + 1):
+        for depth in range(1, depths + 1):
             confidence, choice = draft.logits(hidden).softmax(dim=-1).max(dim=-1)
             proposals.append(draft.vocab_to_target(choice))
             confidences.append(confidence)
-            if depth == k:
+            if depth == depths or (self.stops_early and confidence.item() < settings.threshold):
                 break
             out = self._draft_step(next_features, proposals[-1][:, None], centres[depth : depth + 1])
             hidden, next_features = out.hidden[:, -1], out.features[:, -1:]
@@ -288,7 +293,7 @@ class _SpeculativeLoop:
         choice_list, proposed_list, stop_list, draft_peak_list, centre_list, peak_rows = _read(
             [choices, proposed, stops, draft_peaks, centres, peaks]
         )
-        n = min(k, target.max_length - n_prompt - verified - 1, *(d + 1 for d, stop in enumerate(stop_list) if stop))
+        n = min(k, budget, *(d + 1 for d, stop in enumerate(stop_list) if stop))
         proposed_list = proposed_list[:n]
         accepted = accepted_length(proposed_list, choice_list[: n + 1], target.eot)
         new = [*proposed_list[:accepted], choice_list[accepted]]

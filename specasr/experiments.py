@@ -36,6 +36,7 @@ from specasr.metrics import (
     peak_agreement,
     pooled_bootstrap,
     pooled_estimate,
+    proposals_per_round,
     step_cost,
 )
 from specasr.pipeline import Pipeline
@@ -467,8 +468,9 @@ def runtime_table(cells: dict[Settings, list[ClipResult]]) -> pd.DataFrame:
 
     Anchor error: median |window centre - reference frame| in frames over the corrected loop's draft steps. Gross:
     dL / (1 + L), the speed change if the round cost stayed the same. Cost: the correction's added seconds per round
-    (_correction_cost), in verification passes of the uncorrected loop. The cost rule (paper eq. 5)
-    predicts a gain when dL / (1 + L) > cost / (1 + K rho); net: the measured change in decode and end-to-end speed.
+    (_correction_cost), in verification passes of the uncorrected loop. The cost rule (paper eq. 5) predicts a gain
+    when dL / (1 + L) > cost / (1 + K rho), K the uncorrected rounds' mean proposals; net: the measured change in
+    decode and end-to-end speed.
     """
     rows = []
     pairs = tuple((RUNTIME_BASE, window) for window in RUNTIME_WINDOWS)
@@ -480,6 +482,7 @@ def runtime_table(cells: dict[Settings, list[ClipResult]]) -> pd.DataFrame:
         delta = _differences(("a1", "a2c", "L"), columns)
         cost = pooled_estimate(_correction_cost, *columns)
         measured_rho = pooled_estimate(_rho, *uncorrected)
+        steps = proposals_per_round([r.trace for r in base])
         net = {
             phase: _interval(lambda a, b, phase=phase: a[phase] / b[phase] - 1, columns)
             for phase in ("decode", "total")
@@ -499,7 +502,7 @@ def runtime_table(cells: dict[Settings, list[ClipResult]]) -> pd.DataFrame:
                 "gross": delta["L"].estimate / (1 + L),
                 "cost": cost,
                 "rho": measured_rho,
-                "predicted_pays": correction_pays(delta["L"].estimate, L, cost, settings_b.k, measured_rho),
+                "predicted_pays": correction_pays(delta["L"].estimate, L, cost, steps, measured_rho),
                 **{f"net_{p}": n.estimate for p, n in net.items()},
                 **{f"net_{p}_{end}": getattr(n, end) for p, n in net.items() for end in ("low", "high")},
                 "measured_pays": net["decode"].estimate > 0,

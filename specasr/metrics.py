@@ -146,7 +146,7 @@ def step_cost(draft_seconds: ArrayLike, steps: ArrayLike, verify_seconds: ArrayL
     return (draft_seconds / steps) / (verify_seconds / rounds)
 
 
-def correction_pays(delta_L: float, L: float, delta_cost: float, k: int, rho: float) -> bool:
+def correction_pays(delta_L: float, L: float, delta_cost: float, k: float, rho: float) -> bool:
     """Cost rule (paper eq. 5): a correction pays when dL / (1 + L) > dC / (1 + K*rho).
 
     delta_cost is the correction's added cost per round in units of one verification pass.
@@ -154,12 +154,21 @@ def correction_pays(delta_L: float, L: float, delta_cost: float, k: int, rho: fl
     return delta_L / (1 + L) > delta_cost / (1 + k * rho)
 
 
-def predicted_round_speedup(L: float, k: int, rho: float) -> float:
-    """Tokens per unit of target-pass cost relative to greedy, (1 + L) / (1 + K*rho).
+def predicted_round_speedup(L: float, k: float, rho: float) -> float:
+    """Tokens per unit of target-pass cost relative to greedy, (1 + L) / (1 + K*rho); k: draft steps per round (K,
+    or their mean where rounds stop drafting early).
 
     The idealised decode-phase speedup: it ignores features, encoder and per-round overheads.
     """
     return (1 + L) / (1 + k * rho)
+
+
+def proposals_per_round(traces: list[Trace]) -> float:
+    """The mean number of proposals a round kept: K, less where rounds stopped early or met the length limit."""
+    rounds = [r for t in traces for r in t.rounds]
+    if not rounds:
+        raise ValueError("no rounds to count proposals in")
+    return sum(len(r.proposed) for r in rounds) / len(rounds)
 
 
 @dataclass

@@ -11,6 +11,7 @@ from specasr.metrics import (
     normalize_text,
     paired_bootstrap,
     predicted_round_speedup,
+    proposals_per_round,
     rho,
     speedup,
     verify_anchor_error,
@@ -57,6 +58,21 @@ def test_acceptance_pools_rounds_over_traces():
     assert result.tokens_per_round == pytest.approx((6 + 6) / 5)
     assert result.a1 == pytest.approx(0.8)
     assert result.a2c == pytest.approx(0.75)
+
+
+def test_the_cost_model_prices_the_draft_steps_rounds_took():
+    # Rounds that stopped drafting early (2 and 1 proposals, K = 4): 1.5 steps a round, each 0.02 s, and a 0.1 s
+    # pass; greedy at 0.1 s a step. With nothing outside the rounds, the model is the measured speedup.
+    greedy = Trace("a", Settings(), [7] * 4, "", timings=Timings(decode=0.4))
+    speculative = make_trace("a", [2, 0], k=4, proposed=[2, 1], timings=Timings(decode=0.26))
+    for r in speculative.rounds:
+        r.draft_seconds, r.verify_seconds = 0.02 * len(r.proposed), 0.1
+    assert proposals_per_round([speculative]) == 1.5
+    model = predicted_round_speedup(L=1.0, k=proposals_per_round([speculative]), rho=rho([speculative]))
+    assert model == pytest.approx(0.4 / 0.26)
+    assert loop_costs([speculative], [greedy]).accounted_speedup(model) == pytest.approx(model)
+    with pytest.raises(ValueError, match="no rounds"):
+        proposals_per_round([greedy])
 
 
 def test_acceptance_conditional_is_none_after_survival_reaches_zero():

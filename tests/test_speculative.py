@@ -148,8 +148,10 @@ def test_runtime_paced_centres_follow_the_verification_peaks_of_the_loop():
 @pytest.mark.parametrize("window", WINDOWS)
 def test_a_round_waits_for_the_device_once(monkeypatch, window, captured):
     """Centres, masks, proposals and trace rows stay on the device; one copy per round (and one for the prompt's
-    pass) brings the round's integers to the host, with the round's steps eager or replayed (CUDA's, emulated)."""
+    pass) brings the round's integers to the host, with the round's steps eager or replayed (CUDA's, emulated), on
+    a device where reads cost a wait (emulated)."""
     monkeypatch.setattr(decode, "FIXED_SHAPE_DEVICES", ("cpu",) if captured else ())
+    monkeypatch.setattr(decode, "FREE_READ_DEVICES", ())
     target = random_whisper_target(seed=3, layers=2, heads=2, vocab_size=8, max_length=40, init_std=0.5)
     memory = torch.randn(1, 40, target.d_model, generator=torch.Generator().manual_seed(3))
     draft = always_propose(random_draft(target, seed=3), token=3)
@@ -170,6 +172,30 @@ def test_a_round_waits_for_the_device_once(monkeypatch, window, captured):
     result = speculative(target, draft, memory, 40, settings, reference=list(range(0, 40, 2)))
     assert len(result.rounds) > 3 and reads == ["tolist"] * (len(result.rounds) + 1)
     assert result.tokens == greedy_tokens(target, memory)
+
+
+def test_a_cpu_round_stops_drafting_at_its_first_unsure_proposal(monkeypatch):
+    """Where reads are free the draft computes only the proposals the round keeps; elsewhere it computes K and the
+    round drops those past the stop. Both keep the same proposals and decode the greedy tokens."""
+    target = random_whisper_target(seed=0, layers=2, heads=2, vocab_size=8, max_length=40, init_std=0.5)
+    memory = torch.randn(1, 40, target.d_model, generator=torch.Generator().manual_seed(0))
+    draft = random_draft(target, seed=1)
+    settings = Settings(draft="random", k=4, threshold=0.5)
+    forward, calls = draft.forward, []
+    monkeypatch.setattr(draft, "forward", lambda *args, **kwargs: calls.append(1) or forward(*args, **kwargs))
+
+    def decoded(free_read_devices):
+        calls.clear()
+        monkeypatch.setattr(decode, "FREE_READ_DEVICES", free_read_devices)
+        return speculative(target, draft, memory, 40, settings), len(calls)
+
+    stopping, stopping_calls = decoded(("cpu",))
+    dropping, dropping_calls = decoded(())
+    kept = [len(r.proposed) for r in stopping.rounds]
+    assert stopping.tokens == dropping.tokens == greedy_tokens(target, memory)
+    assert [r.proposed for r in stopping.rounds] == [r.proposed for r in dropping.rounds]
+    assert stopping_calls == sum(kept) < dropping_calls  # each round's first proposal comes with its catch-up
+    assert {1, 4} <= set(kept[:-3])  # rounds that stopped at once and rounds that drafted all K, before the limit
 
 
 def test_nothing_after_an_accepted_end_of_text_counts_as_accepted(monkeypatch):
