@@ -22,6 +22,7 @@ from specasr.draft import DraftMismatchError, shipped_drafts
 from specasr.experiments import AGGREGATION, Grid, run_grid
 from specasr.experiments import tables as experiment_tables
 from specasr.metrics import acceptance, anchor_error_by_depth, word_error_rate
+from specasr.peers import TARGET_LAYERS
 from specasr.pipeline import Pipeline
 from specasr.precision import precision_table
 from specasr.profiling import profile_round
@@ -296,7 +297,9 @@ def cmd_align(args: argparse.Namespace) -> None:
 def cmd_bench(args: argparse.Namespace) -> None:
     utterances = spread(load_manifest(args.speech_dir), args.clips)
     arms = {"greedy": _settings(args)}
-    arms |= {peer: replace(arms["greedy"], decoder=peer) for peer in args.peers}
+    for peer in args.peers:
+        assistant = args.assistant if peer == "transformers-assisted" else None
+        arms[peer] = replace(arms["greedy"], decoder=peer, assistant=assistant)
     drafts = [name for draft in args.draft or ["random"] for name in _expand_shipped(draft, args.target)]
     arms |= {name: _settings(args, draft=name) for name in drafts}
     clips = [u.clip(args.max_seconds) for u in utterances]
@@ -623,6 +626,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument(
         "--peers", type=_listed(str, DECODERS[1:]), default=(), help=f"peer decoders, e.g. {','.join(DECODERS[1:])}"
+    )
+    p.add_argument(
+        "--assistant",
+        default=TARGET_LAYERS,
+        help=f"transformers-assisted's assistant: {TARGET_LAYERS} (the target's first and last decoder layers, "
+        "untrained) or a Whisper folder or hub id whose decoder reads the target's encoder (distil-whisper)",
     )
     _add_clip_options(p)
     _add_speculative_options(p, several_drafts=True)

@@ -1,20 +1,27 @@
 """Other decoders, run through the pipeline beside ours so that `bench --peers` times them on the same clips:
-faster-whisper (CTranslate2) on the bundled weights, and transformers `generate` on the converted ones. Each
-makes its own features, encodes one 30 s window and decodes it greedily.
+faster-whisper (CTranslate2) on the bundled weights, transformers `generate` on the converted ones, and
+transformers' assisted generation (`generate` verifying a smaller decoder's proposals). Each makes its own features,
+encodes one 30 s window and decodes it greedily.
 
 faster-whisper runs in a process of its own: CTranslate2 brings its own OpenMP runtime, and in our process it slowed
 torch's decoding loops by a fifth once it had run (README, "Peers side by side").
 """
 
+import copy
 import multiprocessing
 from collections.abc import Sequence
+from contextlib import contextmanager
 from itertools import count
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 import torch
+from transformers import AutoTokenizer, WhisperForCausalLM
 from transformers.modeling_outputs import BaseModelOutput
+from transformers.utils import logging as transformers_logging
 
+from specasr.draft import DraftMismatchError
 from specasr.targets import WhisperTarget
 from specasr.targets.builtin import BUILTIN_TARGETS, TargetUnavailableError, bundled_ct2_dir
 from specasr.targets.whisper import ENCODER_STRIDE, WINDOW_FRAMES
@@ -67,10 +74,12 @@ class FasterWhisper:
 
 
 class TransformersGenerate:
-    """transformers' `generate`, greedy, on the target's own model, features and generation config."""
+    """transformers' `generate`, greedy, on the target's own model, features and generation config; with an assistant,
+    its assisted generation (the assistant proposes, the target verifies: greedy's tokens, batch 1)."""
 
-    def __init__(self, target: WhisperTarget):
+    def __init__(self, target: WhisperTarget, assistant: WhisperForCausalLM | None = None):
         self.target = target
+        self.assistant = assistant
 
     def features(self, audio: np.ndarray) -> torch.Tensor:
         return self.target.features(audio)
@@ -81,16 +90,103 @@ class TransformersGenerate:
     @torch.inference_mode()
     def decode(self, memory: torch.Tensor) -> list[int]:
         target = self.target
-        output = target.model.generate(
-            encoder_outputs=BaseModelOutput(last_hidden_state=memory),
-            decoder_input_ids=torch.tensor([target.prompt], device=memory.device),
-            num_beams=1,
-            do_sample=False,
-            max_length=target.max_length,
-            return_dict_in_generate=True,  # then the sequence keeps its prompt and end-of-text
-        )
-        tokens = output.sequences[0, len(target.prompt) :].tolist()
+        prompt = torch.tensor([target.prompt], device=memory.device)
+        if self.assistant is None:
+            asked = {"decoder_input_ids": prompt}
+        else:  # assisted generation takes no decoder_input_ids: Whisper's generate makes the same prompt itself
+            english = {"language": "en", "task": "transcribe"}
+            multilingual = getattr(target.model.generation_config, "is_multilingual", False)
+            asked = {"assistant_model": self.assistant} | (english if multilingual else {})
+        with _quiet_transformers():  # assisted generation warns of its own settings at every round
+            output = target.model.generate(
+                encoder_outputs=BaseModelOutput(last_hidden_state=memory),
+                num_beams=1,
+                do_sample=False,
+                max_length=target.max_length,
+                return_dict_in_generate=True,  # then the sequence keeps its prompt and end-of-text
+                **asked,
+            )
+        sequence = output.sequences[0].tolist()
+        if sequence[: len(target.prompt)] != list(target.prompt):
+            raise RuntimeError(f"generate decoded after the prompt {sequence[:4]}, not the target's {target.prompt}")
+        tokens = sequence[len(target.prompt) :]
         return tokens[: tokens.index(target.eot)] if target.eot in tokens else tokens
+
+
+@contextmanager
+def _quiet_transformers():
+    verbosity = transformers_logging.get_verbosity()
+    transformers_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        transformers_logging.set_verbosity(verbosity)
+
+
+TARGET_LAYERS = "target-layers"  # an assistant made of the target's own first and last decoder layers
+
+
+def load_assistant(name: str, target: WhisperTarget) -> WhisperForCausalLM:
+    """An assistant decoder for transformers' assisted generation that reads the target's encoder output.
+
+    name: `target-layers`, the target's first and last decoder layers with its embeddings and final norm (how
+    distil-whisper's students start, here untrained); or a transformers Whisper folder or hub id whose decoder was
+    trained on the target's encoder (a distil-whisper assistant; of a whole model only the decoder is loaded).
+    """
+    if name == TARGET_LAYERS:
+        return _layer_assistant(target, [0, target.n_layers - 1])
+    try:
+        assistant = WhisperForCausalLM.from_pretrained(name, dtype=target.dtype)
+    except (OSError, ValueError) as error:
+        raise DraftMismatchError(f"cannot load {name!r} as a Whisper decoder: {error}") from error
+    config = assistant.config
+    problems = []
+    if config.d_model != target.d_model:
+        problems.append(f"width {config.d_model} vs the target's encoder output {target.d_model}")
+    if config.vocab_size != target.vocab_size:
+        problems.append(f"vocabulary {config.vocab_size} vs the target's {target.vocab_size}")
+    elif _vocabulary(name) not in (None, target.tokenizer.get_vocab()):
+        problems.append("a tokenizer other than the target's")
+    if problems:
+        raise DraftMismatchError(f"assistant {name!r} cannot draft for {target.name!r}: " + "; ".join(problems))
+    return assistant.to(target.device).eval().requires_grad_(False)
+
+
+def _vocabulary(name: str) -> dict[str, int] | None:
+    """The assistant's own tokenizer's vocabulary, where it comes with one (transformers makes an empty tokenizer
+    for a folder without its files)."""
+    folder = Path(name)
+    if folder.is_dir() and not any((folder / file).is_file() for file in ("tokenizer.json", "vocab.json")):
+        return None
+    try:
+        return AutoTokenizer.from_pretrained(name).get_vocab()
+    except (OSError, ValueError):
+        return None
+
+
+def _layer_assistant(target: WhisperTarget, layers: list[int]) -> WhisperForCausalLM:
+    config = copy.deepcopy(target.model.config)
+    config.decoder_layers = len(layers)
+    with torch.device("meta"):  # its weights are the target's own tensors, shared, not copied
+        assistant = WhisperForCausalLM(config)
+    decoder = target.model.model.decoder
+    kept = {
+        name: weight
+        for name, weight in decoder.state_dict().items()
+        if not name.startswith("layers.") or int(name.split(".")[1]) in layers
+    }
+    renamed = {_renumber(name, layers): weight for name, weight in kept.items()}
+    assistant.model.decoder.load_state_dict(renamed, assign=True)
+    assistant.proj_out.weight = decoder.embed_tokens.weight  # Whisper ties its LM head to the embedding
+    assistant.generation_config = copy.deepcopy(target.model.generation_config)
+    return assistant.eval().requires_grad_(False)
+
+
+def _renumber(name: str, layers: list[int]) -> str:
+    if not name.startswith("layers."):
+        return name
+    _, index, rest = name.split(".", 2)
+    return f"layers.{layers.index(int(index))}.{rest}"
 
 
 class PeerProcess:
@@ -155,12 +251,14 @@ def _serve(connection, *peer) -> None:
             connection.send((False, error))
 
 
-def load_peer(name: str, target: WhisperTarget, device: str, dtype: str) -> Peer:
-    """A peer of DECODERS by name, for `target` on `device` in `dtype`."""
+def load_peer(name: str, target: WhisperTarget, device: str, dtype: str, assistant: str | None = None) -> Peer:
+    """A peer of DECODERS by name, for `target` on `device` in `dtype` (with `assistant`: see load_assistant)."""
     if not isinstance(target, WhisperTarget):
         raise ValueError(f"the {name} peer decodes Whisper targets only, not {target.name!r}")
     if name == "faster-whisper":
         return PeerProcess(target, device, dtype)
     if name == "transformers":
         return TransformersGenerate(target)
+    if name == "transformers-assisted":
+        return TransformersGenerate(target, load_assistant(assistant, target))
     raise ValueError(f"no peer named {name!r}")

@@ -58,9 +58,10 @@ class Pipeline:
         return self._drafts[key]
 
     def peer(self, settings: Settings) -> Peer:
-        key = (settings.decoder, settings.target, settings.device, settings.dtype)
+        key = (settings.decoder, settings.target, settings.device, settings.dtype, settings.assistant)
         if key not in self._peers:
-            self._peers[key] = load_peer(settings.decoder, self.target(settings), settings.device, settings.dtype)
+            target = self.target(settings)
+            self._peers[key] = load_peer(settings.decoder, target, settings.device, settings.dtype, settings.assistant)
         return self._peers[key]
 
     def aligner(self, name: str) -> Aligner:

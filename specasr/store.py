@@ -187,6 +187,7 @@ MIGRATIONS: list[list[str]] = [
     ["""ALTER TABLE runs ADD COLUMN decoder VARCHAR DEFAULT 'specasr'"""],
     ["""ALTER TABLE decodes ADD COLUMN frame_seconds DOUBLE DEFAULT 0.02"""],  # stores before it held Whisper only
     ["""ALTER TABLE runs ADD COLUMN batch VARCHAR"""],  # NULL for runs written before batches were kept
+    ["""ALTER TABLE runs ADD COLUMN assistant VARCHAR"""],  # the transformers-assisted peer's assistant
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -18,7 +18,7 @@ from specasr import __version__
 from specasr.windows import REFERENCE_WINDOWS, WINDOWS
 
 REFERENCE_SOURCES = ("auto", "always", "never")  # or the path of a JSON file of frames
-DECODERS = ("specasr", "faster-whisper", "transformers")  # ours, then the peers of specasr.peers
+DECODERS = ("specasr", "faster-whisper", "transformers", "transformers-assisted")  # ours, then specasr.peers' peers
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,8 @@ class Settings:
     verify_peaks: bool = True  # record where every target layer attended for every transcript token
     keep_attention: bool = False  # keep each draft step's full audio attention row
     max_seconds: float = 600.0  # longer clips are refused
-    decoder: str = "specasr"  # our loops, or a peer timed beside them (specasr.peers): faster-whisper, transformers
+    decoder: str = "specasr"  # our loops, or a peer timed beside them (DECODERS[1:], specasr.peers)
+    assistant: str | None = None  # transformers-assisted's assistant: target-layers, a Whisper folder or hub id
 
     def __post_init__(self):
         if self.window not in WINDOWS:
@@ -56,6 +57,8 @@ class Settings:
             raise ValueError(
                 f"the {self.decoder} decoder runs greedy and records tokens and timings only: no draft, no reference"
             )
+        if (self.assistant is not None) != (self.decoder == "transformers-assisted"):
+            raise ValueError("an assistant goes with the transformers-assisted decoder, and that decoder needs one")
         if self.half_width_ms < 0 or self.max_seconds <= 0:
             raise ValueError("the window half-width must be >= 0 and the length limit > 0")
 

@@ -5,6 +5,7 @@ import sys
 import pytest
 
 from specasr.cli import main
+from specasr.store import Store, default_db_path
 
 
 def test_transcribe_json_has_the_contract_fields(capsys, sample_clips):
@@ -92,13 +93,18 @@ def test_bench_prints_a_table_and_summary(capsys, speech):
 
 
 def test_bench_times_peers_beside_our_loops_as_json(capsys, speech):
-    argv = ["bench", "--clips", "1", "--repeats", "1", "--k", "2", "--draft", "random", "--peers", "transformers"]
+    peers = "transformers,transformers-assisted"
+    argv = ["bench", "--clips", "1", "--repeats", "1", "--k", "2", "--draft", "random", "--peers", peers]
     assert main([*argv, "--json"]) == 0
     record = json.loads(capsys.readouterr().out, parse_constant=pytest.fail)  # no NaN in the JSON
     summary = {row["arm"]: row for row in record["summary"]}
-    assert list(summary) == ["greedy", "transformers", "random"] and set(record["runs"]) == set(summary)
+    assert list(summary) == ["greedy", "transformers", "transformers-assisted", "random"]
+    assert set(record["runs"]) == set(summary)
     assert summary["greedy"]["decode_speedup_pooled"] == 1.0 and summary["greedy"]["L"] is None
-    assert summary["transformers"]["same_tokens_clips"] == 1  # the same weights and features as our greedy loop
+    for peer in ("transformers", "transformers-assisted"):  # the same weights and features as our greedy loop
+        assert summary[peer]["same_tokens_clips"] == 1
+    (assisted,) = Store(default_db_path()).traces(record["runs"]["transformers-assisted"])
+    assert assisted.settings.assistant == "target-layers"
     random = summary["random"]
     assert random["same_tokens_clips"] == 1 and random["L"] >= 0
     assert random["cost_model_speedup"] == pytest.approx((1 + random["L"]) / (1 + 2 * random["rho"]))
@@ -108,7 +114,8 @@ def test_bench_times_peers_beside_our_loops_as_json(capsys, speech):
     assert [row["arm"] for row in record["clips"]] == list(summary)
     with pytest.raises(SystemExit):
         main(["bench", "--peers", "whisper.cpp"])
-    assert "unknown whisper.cpp; choose from faster-whisper, transformers" in capsys.readouterr().err
+    expected = "unknown whisper.cpp; choose from faster-whisper, transformers, transformers-assisted"
+    assert expected in capsys.readouterr().err
 
 
 def test_align_prints_word_times_and_one_frame_per_token(capsys, sample_clips):

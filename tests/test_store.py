@@ -371,7 +371,7 @@ def test_an_older_schema_is_migrated_on_open(tmp_path):
         _migrate(con, path, target=1)
         for table, frame in _run_frames("oldrun", [old], "decode", None).items():
             if table != "segments":
-                new_columns = ["decoder", "frame_seconds", "batch"]  # nor a decoder, a frame duration or a batch
+                new_columns = ["decoder", "frame_seconds", "batch", "assistant"]  # nor any later column
                 con.register("frame", frame.drop(columns=new_columns, errors="ignore"))
                 con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM frame")
     store = Store(path)
