@@ -15,8 +15,8 @@ for run in ${RUNS:-4:2 2:1}; do  # K:repeats
             | grep -v -E "$quiet" | tee -a $out/evaluate.txt || echo "FAILED: $target $run"
     done
 done
-peers=transformers  # faster-whisper too where its wheels were staged (.whl: faster-whisper, ctranslate2)
-python3 -c "import faster_whisper" 2>/dev/null && peers=faster-whisper,transformers
+peers=transformers,transformers-assisted  # faster-whisper too where its wheels were staged (.whl: faster-whisper, ctranslate2)
+python3 -c "import faster_whisper" 2>/dev/null && peers=faster-whisper,$peers
 clip=$(ls $stage/speech/audio/* | head -1)
 for target in whisper-tiny.en whisper-base; do
     python3 -m specasr bench --device cuda --dtype float16 --target $target --draft shipped --peers $peers \
