@@ -1,8 +1,9 @@
-"""Decoding loops over one window's encoder output: autoregressive greedy (the baseline) and speculative decoding.
+"""Decoding loops over one window's encoder output, step by step from the host: autoregressive greedy (the baseline)
+and speculative decoding. `specasr.graphs` runs the same loops as captured steps on a CUDA device.
 
 The speculative loop returns exactly the greedy tokens under exact arithmetic: the target verifies
 each block of proposals in one pass and keeps the longest prefix that matches its own greedy
-choice, plus its own next token. Rows are recorded in clip coordinates (`Origin`); the pipeline
+choice, plus its own next token. Rows are recorded in clip coordinates (`Origin`, `SegmentRows`); the pipeline
 times the phases (`PhaseTimer`).
 """
 
@@ -15,13 +16,11 @@ import torch
 from torch import Tensor
 
 from specasr.draft import Draft
-from specasr.graphs import round_steps
 from specasr.targets import Target
 from specasr.targets.base import audio_peaks
 from specasr.trace import DraftStep, Round, Settings, Timings, VerifiedToken
 from specasr.windows import NO_WINDOW, RUNTIME_WINDOWS, WindowPolicy
 
-FIXED_SHAPE_DEVICES = ("cuda",)  # rounds replay captured steps there (CUDA graphs); on a CPU padding only costs
 FREE_READ_DEVICES = ("cpu",)  # reading a proposal's confidence there costs no wait, so a round stops drafting at it
 
 
@@ -85,6 +84,70 @@ class Decoded:
     verified: list[VerifiedToken] = field(default_factory=list)
 
 
+class SegmentRows:
+    """A segment's transcript and trace rows in clip coordinates, built from what a loop read back from the device."""
+
+    def __init__(
+        self, target: Target, origin: Origin, verify_peaks: bool, layers: int, policy: WindowPolicy | None = None
+    ):
+        self.eot, self.origin, self.policy = target.eot, origin, policy
+        self.verify_peaks, self.layers = verify_peaks, layers
+        self.result = Decoded([])
+        self.tokens = self.result.tokens
+
+    def verified(self, new: list[int], peaks: list[int]) -> bool:
+        """Tokens `new` follow the transcript (the last may be end-of-text); `peaks` holds, row by row, the frame each
+        attention layer peaked at while predicting them. Whether the transcript ended."""
+        if self.verify_peaks:
+            start, n = self.origin.token + len(self.tokens), self.layers
+            self.result.verified += [
+                VerifiedToken(start + i, token, [p + self.origin.frame for p in peaks[i * n : (i + 1) * n]])
+                for i, token in enumerate(new)
+                if token != self.eot
+            ]
+        finished = new[-1] == self.eot
+        self.tokens += new[:-1] if finished else new
+        return finished
+
+    def round(
+        self,
+        proposed: list[int],
+        accepted: int,
+        choices: list[int],
+        draft_peaks: list[int] | None,
+        centres: list[int],
+        peaks: list[int],
+        seconds: tuple[float, float],
+        attention: list[list[float]] | None = None,
+    ) -> bool:
+        """One round: its proposals, how many the target kept, the target's choice after each, where the draft
+        attended (None without audio attention), each step's window centre, the verification peaks, the seconds of
+        drafting and of verification, and, where kept, each step's attention row. Whether the transcript ended."""
+        new = [*proposed[:accepted], choices[accepted]]
+        if self.eot in new:
+            new = new[: new.index(self.eot) + 1]
+        index, start, origin = self.origin.round + len(self.result.rounds), len(self.tokens), self.origin
+        self.result.rounds.append(
+            Round(index, origin.segment, origin.token + start, proposed, accepted, choices[accepted], *seconds)
+        )
+        offset = self.origin.frame
+        for depth, token in enumerate(proposed, start=1):
+            centre, reference = centres[depth - 1], self.policy.reference_frame(start + depth - 1)
+            self.result.steps.append(
+                DraftStep(
+                    round=index,
+                    depth=depth,
+                    token=token,
+                    accepted=depth <= accepted,
+                    draft_peak=None if draft_peaks is None else draft_peaks[depth - 1] + offset,
+                    window_centre=None if centre == NO_WINDOW else centre + offset,
+                    reference_frame=None if reference is None else reference + offset,
+                    attention=None if attention is None else attention[depth - 1],
+                )
+            )
+        return self.verified(new, peaks)
+
+
 @torch.inference_mode()
 def greedy(
     target: Target, memory: Tensor, valid_frames: int, verify_peaks: bool = False, origin: Origin = Origin()
@@ -94,20 +157,15 @@ def greedy(
     layers = tuple(range(target.n_layers)) if verify_peaks else ()
     cache = target.new_cache(memory)
     out = target.forward(torch.tensor([target.prompt], device=memory.device), cache, attention_layers=layers)
-    row = slice(len(target.prompt) - 1, len(target.prompt))
-    result = Decoded([])
-    while len(target.prompt) + len(result.tokens) < target.max_length:
-        token = target.greedy_tokens(out.states[:, row], len(result.tokens))
-        value = token.item()
-        if value == target.eot:
+    rows = SegmentRows(target, origin, verify_peaks, len(layers))
+    while len(target.prompt) + len(rows.tokens) < target.max_length:
+        token = target.greedy_tokens(out.states[:, -1:], len(rows.tokens))
+        peaks = audio_peaks(out.audio_attention[:, :, -1:], valid_frames) if layers else token[:0]
+        (value,), peaks = _read([token, peaks])
+        if rows.verified([value], peaks):
             break
-        if layers:
-            peaks = (audio_peaks(out.audio_attention[:, :, row], valid_frames)[0] + origin.frame).tolist()
-            result.verified.append(VerifiedToken(origin.token + len(result.tokens), value, peaks))
-        result.tokens.append(value)
         out = target.forward(token, cache, attention_layers=layers)
-        row = slice(0, 1)
-    return result
+    return rows.result
 
 
 def greedy_tokens(target: Target, memory: Tensor) -> list[int]:
@@ -123,17 +181,14 @@ def speculative(
     reference: list[int | None] | None = None,
     origin: Origin = Origin(),
     on_round: Callable[[Round], None] | None = None,
-    captured: dict | None = None,
 ) -> Decoded:
     """The speculative loop for one segment (batch 1): the greedy transcript tokens and the rows of every round.
 
     reference: the segment's own frame for each of its transcript tokens, for the windows centred from them.
     on_round: called with every round as it ends (progress reports; its time counts in the decode phase).
-    captured: where the round's captured steps are kept between segments (CUDA graphs); none: captured anew.
     """
     with torch.inference_mode():
-        loop = _SpeculativeLoop(target, draft, memory, valid_frames, settings, reference, origin, captured)
-        return loop.run(on_round)
+        return _SpeculativeLoop(target, draft, memory, valid_frames, settings, reference, origin).run(on_round)
 
 
 def accepted_length(proposed: list[int], choices: list[int], eot: int) -> int:
@@ -155,44 +210,31 @@ def _read(tensors: list[Tensor]) -> list[list[int]]:
 
 
 class _SpeculativeLoop:
-    """One segment's rounds, each of fixed shapes after the first on CUDA: the draft catches up over K + 1 positions
-    (the ones the last verification accepted, then padding; on a CPU only the accepted ones) and takes K - 1 single
-    steps; the target verifies K + 1 tokens; there these three steps replay CUDA graphs over static caches.
-    Eager rounds draft no further than the length limit and, on a CPU, than their first proposal below the
-    confidence threshold; captured ones compute such proposals and drop them. Window centres and masks are computed
-    on the device; but for those confidences on a CPU, the host reads the device once per round."""
+    """One segment's rounds, step by step from the host: the draft catches up on the tokens the last verification
+    accepted and takes single steps, no further than the length limit and, where reading the device is free, than
+    its first proposal below the confidence threshold (elsewhere the round drops such proposals); the target
+    verifies the block. Window centres and masks are computed on the device; but for those confidences on a CPU,
+    the host reads the device once per round."""
 
-    def __init__(self, target, draft, memory, valid_frames, settings, reference, origin, captured):
-        self.target, self.draft, self.settings, self.origin = target, draft, settings, origin
+    def __init__(self, target, draft, memory, valid_frames, settings, reference, origin):
+        self.target, self.draft, self.settings = target, draft, settings
         self.device = memory.device
+        self.runtime_layer, self.attention_layers = attention_layers(target, settings)
+        capacity = target.max_length + settings.k + 1  # the last block may run past the length limit
         self.policy = WindowPolicy(
-            settings.window, settings.half_width_ms, valid_frames, reference, target.frame_seconds, self.device
+            settings.window,
+            settings.half_width_ms,
+            valid_frames,
+            reference,
+            target.frame_seconds,
+            self.device,
+            capacity + settings.k,
         )
-        runtime_layer = settings.runtime_layer if settings.runtime_layer is not None else target.runtime_layer
-        if not 0 <= runtime_layer < target.n_layers:
-            raise ValueError(f"runtime layer {runtime_layer} outside the target's {target.n_layers} decoder layers")
-        self.runtime_layer = runtime_layer
-        self.attention_layers = tuple(range(target.n_layers)) if settings.verify_peaks else ()
-        if settings.window in RUNTIME_WINDOWS and not settings.verify_peaks:
-            self.attention_layers = (runtime_layer,)
+        self.rows = SegmentRows(target, origin, settings.verify_peaks, len(self.attention_layers), self.policy)
         self.stopwatch = Stopwatch(self.device)
-        self.fixed_shapes = self.device.type in FIXED_SHAPE_DEVICES
-        self.stops_early = settings.threshold > 0 and self.device.type in FREE_READ_DEVICES and not self.fixed_shapes
-        capacity = target.max_length + settings.k + 1  # the last block's padding runs past the length limit
-        self.steps = None
-        if self.fixed_shapes:
-            captured = {} if captured is None else captured
-            key = (id(target), id(draft), settings.k, capacity, memory.shape[1], self.attention_layers)
-            if key not in captured:
-                captured[key] = round_steps(target, draft, memory, settings.k, capacity, self.attention_layers)
-            self.steps = captured[key]
-            self.steps.load(target, draft, memory, valid_frames)
-            self.target_cache, self.draft_cache = self.steps.target_cache, self.steps.draft_cache
-        else:
-            self.target_cache = target.new_cache(memory, capacity)
-            self.draft_cache = draft.new_cache(memory, valid_frames, capacity)
-        self.tokens: list[int] = []
-        self.result = Decoded(self.tokens)
+        self.stops_early = settings.threshold > 0 and self.device.type in FREE_READ_DEVICES
+        self.target_cache = target.new_cache(memory, capacity)
+        self.draft_cache = draft.new_cache(memory, valid_frames, capacity)
 
     def _verify(self, block: Tensor):
         return self.target.forward(
@@ -205,65 +247,48 @@ class _SpeculativeLoop:
             return torch.empty(0, 0, dtype=torch.long, device=self.device)
         return audio_peaks(audio_attention, self.policy.valid_frames)
 
-    def _record_verified(self, peaks: Tensor, rows: list[int], new: list[int]) -> None:
-        """The first rows of `peaks` (on the device; `rows` the same on the host) predicted the tokens `new`."""
-        if not self.attention_layers:
-            return
+    def _observe(self, peaks: Tensor, verified: int, new: int) -> None:
+        """The runtime windows' centres follow the verification peaks of the `new` tokens after `verified`."""
         if self.settings.window in RUNTIME_WINDOWS:
             layer = self.attention_layers.index(self.runtime_layer)
-            self.policy.observe_verified(len(self.tokens), peaks[: len(new), layer])
-        if self.settings.verify_peaks:
-            n_layers, start = len(self.attention_layers), self.origin.token + len(self.tokens)
-            self.result.verified += [
-                VerifiedToken(start + i, t, [p + self.origin.frame for p in rows[i * n_layers : (i + 1) * n_layers]])
-                for i, t in enumerate(new)
-                if t != self.target.eot
-            ]
+            self.policy.observe_verified(verified, peaks[:new, layer])
 
     def run(self, on_round: Callable[[Round], None] | None = None) -> Decoded:
-        target = self.target
+        target, tokens = self.target, self.rows.tokens
         prompt = torch.tensor([target.prompt], device=self.device)
         out = self._verify(prompt)
         first = target.greedy_tokens(out.states[:, -1:], 0)[0]
         peaks = self._verification_peaks(out.audio_attention)[-1:]
         (value,), rows = _read([first, peaks])
-        self._record_verified(peaks, rows, [value])
-        if value == target.eot:
-            return self.result
-        self.tokens.append(value)
+        self._observe(peaks, 0, 1)
+        if self.rows.verified([value], rows):
+            return self.rows.result
         # The draft at position t reads (f_t, x_{t+1}); these are the positions it has yet to read, the last one
         # real at row `last`.
         features, inputs, last = out.hidden, torch.cat([prompt[:, 1:], first[None]], dim=1), prompt.shape[1] - 1
-        while len(target.prompt) + len(self.tokens) < target.max_length:
+        while len(target.prompt) + len(tokens) < target.max_length:
             done, features, inputs, last = self._round(features, inputs, last)
             if on_round is not None:
-                on_round(self.result.rounds[-1])
+                on_round(self.rows.result.rounds[-1])
             if done:
                 break
-        return self.result
+        return self.rows.result
 
     def _round(self, features: Tensor, inputs: Tensor, last: int) -> tuple[bool, Tensor, Tensor, int]:
         target, draft, settings, k = self.target, self.draft, self.settings, self.settings.k
-        n_prompt, verified = len(target.prompt), len(self.tokens)
+        n_prompt, verified = len(target.prompt), len(self.rows.tokens)
         position = n_prompt + verified - 1  # of the last token, which the target has not read yet
-        index = len(self.result.rounds)
 
         start = self.stopwatch.mark()
         # The step at draft position t predicts transcript token t + 2 - n_prompt.
-        rows = inputs.shape[1] if self.fixed_shapes else last + 1
         first = self.draft_cache.length
-        caught_up = self.policy.centres(first + 2 - n_prompt, rows, verified)
-        if self.steps is not None and rows == k + 1:
-            positions = torch.arange(first, first + rows, device=self.device)
-            out = self.steps.catch_up(features[:, :rows], inputs[:, :rows], self._mask(caught_up), positions)
-        else:
-            out = draft(features[:, :rows], inputs[:, :rows], self.draft_cache, self._mask(caught_up))
-        self.draft_cache.length = position
+        caught_up = self.policy.centres(first + 2 - n_prompt, last + 1, verified)
+        out = draft(features[:, : last + 1], inputs[:, : last + 1], self.draft_cache, self._mask(caught_up))
         centres = torch.cat([caught_up[last : last + 1], self.policy.centres(verified + 1, k - 1, verified)])
         hidden, next_features = out.hidden[:, last], out.features[:, last : last + 1]
         attention = [] if out.attention is None else [out.attention[0, last]]
         budget = target.max_length - n_prompt - verified - 1
-        depths = k if self.fixed_shapes else max(1, min(k, budget))
+        depths = max(1, min(k, budget))
         proposals, confidences = [], []
         for depth in range(1, depths + 1):
             confidence, choice = draft.logits(hidden).softmax(dim=-1).max(dim=-1)
@@ -271,18 +296,14 @@ class _SpeculativeLoop:
             confidences.append(confidence)
             if depth == depths or (self.stops_early and confidence.item() < settings.threshold):
                 break
-            out = self._draft_step(next_features, proposals[-1][:, None], centres[depth : depth + 1])
+            out = draft(next_features, proposals[-1][:, None], self.draft_cache, self._mask(centres[depth : depth + 1]))
             hidden, next_features = out.hidden[:, -1], out.features[:, -1:]
             if out.attention is not None:
-                attention.append(out.attention[0, -1].clone())  # a replay overwrites its outputs
+                attention.append(out.attention[0, -1])
         drafted = self.stopwatch.mark()
 
         proposed = torch.cat(proposals)
-        block = torch.cat([inputs[0, last : last + 1], proposed])[None]
-        if self.steps is not None:
-            out = self.steps.verify(block, torch.arange(position, position + k + 1, device=self.device))
-        else:
-            out = self._verify(block)
+        out = self._verify(torch.cat([inputs[0, last : last + 1], proposed])[None])
         choices = target.greedy_tokens(out.states, verified)[0]
         peaks = self._verification_peaks(out.audio_attention)
         verified_at = self.stopwatch.mark()
@@ -296,67 +317,36 @@ class _SpeculativeLoop:
         n = min(k, budget, *(d + 1 for d, stop in enumerate(stop_list) if stop))
         proposed_list = proposed_list[:n]
         accepted = accepted_length(proposed_list, choice_list[: n + 1], target.eot)
-        new = [*proposed_list[:accepted], choice_list[accepted]]
-        if target.eot in new:
-            new = new[: new.index(target.eot) + 1]
-        self.result.rounds.append(
-            Round(
-                index=self.origin.round + index,
-                segment=self.origin.segment,
-                start=self.origin.token + verified,
-                proposed=proposed_list,
-                accepted=accepted,
-                target_token=choice_list[accepted],
-                draft_seconds=self.stopwatch.seconds(start, drafted),
-                verify_seconds=self.stopwatch.seconds(drafted, verified_at),
-            )
-        )
+        seconds = self.stopwatch.seconds(start, drafted), self.stopwatch.seconds(drafted, verified_at)
         kept = attention[:n].float().cpu().tolist() if attention is not None and settings.keep_attention else None
-        self._record_steps(self.origin.round + index, proposed_list, accepted, draft_peak_list, centre_list, kept)
-        self._record_verified(peaks, peak_rows, new)
-
-        finished = new[-1] == target.eot
-        self.tokens += new[:-1] if finished else new
+        self._observe(peaks, verified, accepted + 1)
+        finished = self.rows.round(
+            proposed_list,
+            accepted,
+            choice_list,
+            draft_peak_list if attention is not None else None,
+            centre_list,
+            peak_rows,
+            seconds,
+            kept,
+        )
         self.target_cache.length = position + 1 + accepted
         self.draft_cache.length = position
         # The next catch-up reads the verified features and the target's choices, real up to row `accepted`.
         return finished, out.hidden, choices[None], accepted
 
-    def _draft_step(self, features: Tensor, token: Tensor, centres: Tensor):
-        if self.steps is None:
-            return self.draft(features, token, self.draft_cache, self._mask(centres))
-        position = self.draft_cache.length
-        self.draft_cache.length += 1
-        return self.steps.step(features, token, self._mask(centres), torch.tensor([position], device=self.device))
-
     def _mask(self, centres: Tensor) -> Tensor | None:
-        """Which audio frames the draft may attend; captured steps read a mask over the padded audio even without
-        audio attention, as their input shapes are fixed."""
-        if self.steps is not None:
-            return self.policy.mask(centres, self.draft_cache.frames)
+        """Which of the valid audio frames the draft may attend."""
         return self.policy.mask(centres) if self.draft.config.audio else None
 
-    def _record_steps(
-        self,
-        index: int,
-        proposed: list[int],
-        accepted: int,
-        draft_peaks: list[int],
-        centres: list[int],
-        attention: list[list[float]] | None,
-    ) -> None:
-        start, offset = len(self.tokens), self.origin.frame
-        for depth, token in enumerate(proposed, start=1):
-            centre, reference = centres[depth - 1], self.policy.reference_frame(start + depth - 1)
-            self.result.steps.append(
-                DraftStep(
-                    round=index,
-                    depth=depth,
-                    token=token,
-                    accepted=depth <= accepted,
-                    draft_peak=draft_peaks[depth - 1] + offset if draft_peaks else None,
-                    window_centre=None if centre == NO_WINDOW else centre + offset,
-                    reference_frame=None if reference is None else reference + offset,
-                    attention=None if attention is None else attention[depth - 1],
-                )
-            )
+
+def attention_layers(target: Target, settings: Settings) -> tuple[int, tuple[int, ...]]:
+    """The runtime layer the settings ask for (the target's by default), and the decoder layers whose audio attention
+    a verification pass reads: every layer to record verification peaks, else the runtime layer for the runtime
+    windows, else none."""
+    layer = settings.runtime_layer if settings.runtime_layer is not None else target.runtime_layer
+    if not 0 <= layer < target.n_layers:
+        raise ValueError(f"runtime layer {layer} outside the target's {target.n_layers} decoder layers")
+    if settings.verify_peaks:
+        return layer, tuple(range(target.n_layers))
+    return layer, (layer,) if settings.window in RUNTIME_WINDOWS else ()

@@ -28,7 +28,10 @@ from specasr.targets.whisper import ENCODER_STRIDE, WINDOW_FRAMES
 
 
 class Peer(Protocol):
-    def features(self, audio: np.ndarray): ...
+    def samples(self, audio: np.ndarray) -> np.ndarray | torch.Tensor:
+        """A clip's audio as `features` reads it (see `Target.samples`)."""
+
+    def features(self, audio: np.ndarray | torch.Tensor): ...
 
     def encode(self, features): ...
 
@@ -81,7 +84,10 @@ class TransformersGenerate:
         self.target = target
         self.assistant = assistant
 
-    def features(self, audio: np.ndarray) -> torch.Tensor:
+    def samples(self, audio: np.ndarray) -> torch.Tensor:
+        return self.target.samples(audio)
+
+    def features(self, audio: np.ndarray | torch.Tensor) -> torch.Tensor:
         return self.target.features(audio)
 
     def encode(self, features: torch.Tensor) -> torch.Tensor:
@@ -207,6 +213,9 @@ class PeerProcess:
         if not ok:
             raise value
         return value
+
+    def samples(self, audio: np.ndarray) -> np.ndarray:
+        return audio
 
     def features(self, audio: np.ndarray) -> int:
         return self._call("features", audio)

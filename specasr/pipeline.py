@@ -12,8 +12,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import torch
 from torch import Tensor
 
+from specasr import graphs
 from specasr.align import Aligner, AlignmentError, ClipReference, align_tokens, get_aligner, normalize_for_alignment
 from specasr.audio import SAMPLE_RATE, AudioTooLongError, Clip, split_windows
 from specasr.decode import Decoded, Origin, PhaseTimer, greedy, speculative
@@ -38,7 +40,7 @@ class Pipeline:
         self._aligners: dict[str, Aligner] = {}
         self._peers: dict[tuple, Peer] = {}
         self._references: dict[tuple, ClipReference] = {}
-        self._captured: dict = {}  # the speculative round's CUDA graphs, kept across clips
+        self._captured: dict = {}  # the loops' captured steps (CUDA graphs), kept across segments and clips
 
     def target(self, settings: Settings) -> Target:
         key = (settings.target, settings.device, settings.dtype)
@@ -71,7 +73,10 @@ class Pipeline:
 
     def resolved(self, settings: Settings) -> Settings:
         """The settings as a decode runs them: a greedy decode carries no draft settings, a speculative one names
-        its draft's precision and, with the runtime window, its layer."""
+        its draft's precision and, with the runtime window, its layer; captured steps only where our loops run on a
+        device that replays them."""
+        replays = settings.decoder == "specasr" and torch.device(settings.device).type in graphs.GRAPH_DEVICES
+        settings = replace(settings, graphs=settings.graphs and replays)
         if settings.draft is None:
             peaks = settings.verify_peaks and settings.decoder == "specasr"  # peers record no attention
             return replace(
@@ -104,10 +109,12 @@ class Pipeline:
         frontend = peer or target
         windows = split_windows(clip.audio, target.window_samples, target.cut_samples)
         timer = PhaseTimer(target.device)
+        with timer.phase("features"):
+            audio = frontend.samples(clip.audio)
         memories = []
         for start, end in windows:
             with timer.phase("features"):
-                features = frontend.features(clip.audio[start:end])
+                features = frontend.features(audio[start:end])
             with timer.phase("encoder"):
                 memories.append(frontend.encode(features))
         reference = None
@@ -122,13 +129,18 @@ class Pipeline:
             with timer.phase("decode"):
                 if peer is not None:
                     result = Decoded(peer.decode(memory))
+                elif draft is None and settings.graphs:
+                    result = graphs.greedy(target, memory, valid_frames, settings.verify_peaks, origin, self._captured)
                 elif draft is None:
                     result = greedy(target, memory, valid_frames, settings.verify_peaks, origin)
                 else:
                     frames = reference.window_frames(index, origin.frame) if reference else None
-                    result = speculative(
-                        target, draft, memory, valid_frames, settings, frames, origin, on_round, self._captured
-                    )
+                    if settings.graphs:
+                        result = graphs.speculative(
+                            target, draft, memory, valid_frames, settings, frames, origin, on_round, self._captured
+                        )
+                    else:
+                        result = speculative(target, draft, memory, valid_frames, settings, frames, origin, on_round)
             segments.append(Segment(index, origin.frame, valid_frames, len(tokens), len(result.tokens)))
             tokens += result.tokens
             rounds += result.rounds

@@ -188,6 +188,10 @@ MIGRATIONS: list[list[str]] = [
     ["""ALTER TABLE decodes ADD COLUMN frame_seconds DOUBLE DEFAULT 0.02"""],  # stores before it held Whisper only
     ["""ALTER TABLE runs ADD COLUMN batch VARCHAR"""],  # NULL for runs written before batches were kept
     ["""ALTER TABLE runs ADD COLUMN assistant VARCHAR"""],  # the transformers-assisted peer's assistant
+    [  # whether our loops replayed captured steps; before, only CUDA's speculative rounds did
+        """ALTER TABLE runs ADD COLUMN graphs BOOLEAN DEFAULT false""",
+        """UPDATE runs SET graphs = device LIKE 'cuda%' AND draft IS NOT NULL AND decoder = 'specasr'""",
+    ],
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

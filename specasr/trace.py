@@ -42,6 +42,7 @@ class Settings:
     max_seconds: float = 600.0  # longer clips are refused
     decoder: str = "specasr"  # our loops, or a peer timed beside them (DECODERS[1:], specasr.peers)
     assistant: str | None = None  # transformers-assisted's assistant: target-layers, a Whisper folder or hub id
+    graphs: bool = True  # our loops replay captured steps where the device runs them (CUDA); False: eager steps
 
     def __post_init__(self):
         if self.window not in WINDOWS:

@@ -1,25 +1,29 @@
-"""Steps shaped for CUDA graphs: positions handed in as a device tensor, the whole preallocated cache attended
-under a mask. On a CPU they must equal the plain steps; where CUDA exists, a graph's replay must equal eager."""
+"""Captured steps (specasr.graphs): positions, counts and choices kept on the device, static caches attended whole
+under masks. On a CPU they run eagerly and must equal the loops run from the host, wait for the host nowhere and
+serve segment after segment; where CUDA exists, the graphs' replays must equal the eager loops."""
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from specasr import decode
-from specasr.decode import greedy_tokens, speculative
+from specasr import decode, graphs
+from specasr.decode import greedy_tokens
 from specasr.draft import random_draft
-from specasr.graphs import GraphedStep
 from specasr.trace import Settings
-from tests.conftest import random_whisper_target
+from specasr.windows import WINDOWS
+from tests.conftest import random_prefix_target, random_whisper_target
+from tests.test_speculative import always_propose
 
 
 def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.allclose(a, b, rtol=1e-5, atol=1e-4)
 
 
-def _target_and_draft():
+def _target_and_draft(device: str = "cpu"):
     target = random_whisper_target(seed=3, layers=2, heads=2, vocab_size=24, max_length=40, init_std=0.5)
+    target.model.to(device)
     draft = random_draft(target, seed=4)
-    memory = torch.randn(1, 40, target.d_model, generator=torch.Generator().manual_seed(0))
+    memory = torch.randn(1, 40, target.d_model, generator=torch.Generator().manual_seed(0)).to(device)
     return target, draft, memory
 
 
@@ -47,62 +51,125 @@ def test_static_steps_equal_the_plain_steps():
     assert (b.attention[..., 30:] == 0).all()
 
 
-@pytest.mark.parametrize("window", ["unrestricted", "runtime"])
-def test_captured_steps_serve_the_segments_that_follow(monkeypatch, window):
-    """Off CUDA the captured steps are emulated with the same buffers: one capture, refilled caches per segment,
-    the greedy transcript every time."""
-    monkeypatch.setattr(decode, "FIXED_SHAPE_DEVICES", ("cpu",))
+@pytest.mark.parametrize("window", ["unrestricted", "runtime", "correct"])
+def test_captured_steps_serve_the_segments_and_clips_that_follow(window):
+    """One capture per loop, its caches, state and window tables refilled for each segment: the greedy transcript
+    every time, whatever the segment's valid frames."""
     target, draft, _ = _target_and_draft()
     captured, settings = {}, Settings(draft="random", k=3, window=window)
-    for seed in range(3):
+    for seed, valid_frames in ((0, 40), (1, 17), (2, 33)):
         memory = torch.randn(1, 40, target.d_model, generator=torch.Generator().manual_seed(seed))
-        assert speculative(target, draft, memory, 30, settings, captured=captured).tokens == greedy_tokens(
-            target, memory
-        )
-    assert len(captured) == 1
+        expected = decode.greedy(target, memory, valid_frames, verify_peaks=True)
+        reference = [min(2 * i, valid_frames - 1) for i in range(40)]
+        result = graphs.speculative(target, draft, memory, valid_frames, settings, reference, captured=captured)
+        assert result.tokens == expected.tokens and result.verified == expected.verified
+        assert graphs.greedy(target, memory, valid_frames, True, captured=captured) == expected
+        assert all(s.draft_peak < valid_frames for s in result.steps)
+    assert len(captured) == 2  # the rounds' steps and greedy's, each captured once
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
-def test_a_graph_replay_equals_the_eager_step():
-    target, _, memory = _target_and_draft()
-    target.model.cuda()
-    memory = memory.cuda()
-    eager_cache, graph_cache = target.new_cache(memory, 20, static=True), target.new_cache(memory, 20, static=True)
-    prompt = torch.tensor([[2, 3]], device="cuda")
-    target.forward(prompt, eager_cache)
-    target.forward(prompt, graph_cache)
-    step = GraphedStep(
-        lambda tokens, positions: target.forward(tokens, graph_cache, taps=(1, 2), positions=positions),
-        torch.zeros(1, 5, dtype=torch.long, device="cuda"),
-        torch.arange(2, 7, device="cuda"),
+def test_captured_rounds_record_what_the_host_loop_records():
+    """Round by round the same proposals, acceptance, window centres, draft peaks and kept attention rows."""
+    target, draft, memory = _target_and_draft()
+    always_propose(draft, token=7)
+    for window in WINDOWS:
+        settings = Settings(draft="random", k=4, window=window, threshold=0.2, keep_attention=True)
+        reference = [min(3 * i, 29) for i in range(40)]
+        host = decode.speculative(target, draft, memory, 30, settings, reference)
+        device = graphs.speculative(target, draft, memory, 30, settings, reference)
+        assert [(r.start, r.proposed, r.accepted, r.target_token) for r in device.rounds] == [
+            (r.start, r.proposed, r.accepted, r.target_token) for r in host.rounds
+        ]
+        assert len(device.steps) == len(host.steps) and device.verified == host.verified, window
+        for ours, theirs in zip(device.steps, host.steps, strict=True):
+            assert torch.allclose(torch.tensor(ours.attention), torch.tensor(theirs.attention), atol=1e-6)
+            ours.attention = theirs.attention = None
+            assert ours == theirs, window
+
+
+class HostWaits(TorchDispatchMode):
+    """Records the ops that make the host wait for the device or copy host data to it: none may run inside a
+    captured step (a CUDA graph cannot hold them)."""
+
+    WAITS = frozenset(
+        {"aten.item.default", "aten.is_nonzero.default", "aten.nonzero.default", "aten.where.default"}
+        | {"aten.masked_select.default", "aten.repeat_interleave.Tensor", "aten.lift_fresh.default"}
+        | {"aten._local_scalar_dense.default", "aten.equal.default", "aten._unique2.default"}
     )
-    for start, block in ((2, [7, 9, 11, 5, 6]), (4, [8, 8, 1, 3, 2])):  # the second rolls back two positions
-        tokens, positions = torch.tensor([block], device="cuda"), torch.arange(start, start + 5, device="cuda")
-        eager_cache.length = start
-        eager = target.forward(tokens, eager_cache, taps=(1, 2), positions=positions)
-        replayed = step(tokens, positions)
-        assert torch.equal(eager.states, replayed.states) and torch.equal(eager.hidden, replayed.hidden)
+
+    def __init__(self):
+        super().__init__()
+        self.found = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        boolean_index = str(func) == "aten.index.Tensor" and any(
+            i is not None and i.dtype == torch.bool for i in args[1]
+        )
+        if str(func) in self.WAITS or boolean_index:
+            self.found.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("family", ["whisper", "qwen3_asr", "voxtral"])
+@pytest.mark.parametrize("window", WINDOWS)
+def test_captured_steps_never_wait_for_the_host(family, window):
+    if family == "whisper":
+        target = random_whisper_target(seed=1, layers=2, heads=2, vocab_size=12, max_length=30, init_std=0.5)
+    else:
+        target = random_prefix_target(family, seed=1, layers=2, heads=2, vocab_size=12, max_length=30, init_std=0.5)
+    memory = torch.randn(1, 40, target.d_model, generator=torch.Generator().manual_seed(1))
+    draft = random_draft(target, seed=2)
+    settings = Settings(draft="random", k=3, window=window, threshold=0.3, runtime_layer=1)
+    with torch.inference_mode():
+        rounds = graphs.round_steps(None, target, draft, memory, settings)
+        rounds.load(memory, 30, [5] * 40)
+        greedy = graphs.greedy_steps(None, target, memory, verify_peaks=True)
+        greedy.load(memory, 30)
+        with HostWaits() as waits:
+            for step in (rounds.first, rounds.propose, rounds.verify, rounds.propose, greedy.first, greedy.next):
+                step.step()
+    assert waits.found == []
+
+
+def test_the_loops_stop_at_the_length_limit():
+    """A window's transcript holds max_length - prompt tokens at most, captured or not."""
+    target = random_whisper_target(seed=0, layers=1, heads=1, vocab_size=8, max_length=12, init_std=0.005)
+    memory = torch.randn(1, 40, target.d_model, generator=torch.Generator().manual_seed(0))
+    expected = greedy_tokens(target, memory)
+    assert len(expected) == target.max_length - len(target.prompt)  # a repetitive target runs to the limit
+    draft = always_propose(random_draft(target, seed=0), token=expected[-1])
+    for k in (1, 4, 16):
+        assert graphs.speculative(target, draft, memory, 40, Settings(draft="random", k=k)).tokens == expected
+    assert graphs.greedy(target, memory, 40).tokens == expected
+
+
+def test_device_seconds_replay_from_a_restored_state():
+    """Timing replays leave the state as the prompt's pass left it, and time each step."""
+    target, draft, memory = _target_and_draft()
+    with torch.inference_mode():
+        rounds = graphs.round_steps(None, target, draft, memory, Settings(draft="random", k=3))
+        rounds.load(memory, 30, None)
+        drafting, verification = rounds.device_seconds(repeats=3)
+        assert drafting > 0 and verification > 0 and rounds.state.verified.tolist() == [1]
+        greedy = graphs.greedy_steps(None, target, memory, verify_peaks=False)
+        greedy.load(memory, 30)
+        assert greedy.device_seconds(repeats=3) > 0 and greedy.position.tolist() == [len(target.prompt)]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
-def test_a_graph_replay_of_a_draft_step_equals_the_eager_step():
-    target, _, memory = _target_and_draft()
-    target.model.cuda()
-    draft, memory = random_draft(target, seed=4), memory.cuda()
-    eager_cache, graph_cache = (draft.new_cache(memory, 30, 20, frames=40) for _ in range(2))
-    width = len(draft.config.taps) * target.d_model
-    inputs = (torch.zeros(1, 1, width, device="cuda"), torch.zeros(1, 1, dtype=torch.long, device="cuda"))
-    window = torch.zeros(1, 1, 40, dtype=torch.bool, device="cuda")
-    step = GraphedStep(
-        lambda features, tokens, window, positions: draft(features, tokens, graph_cache, window, positions),
-        *inputs, window, torch.zeros(1, dtype=torch.long, device="cuda"),
-    )  # fmt: skip
-    generator = torch.Generator(device="cuda").manual_seed(0)
-    for position, centre in ((0, 5), (1, 12), (1, 20)):  # the last one rolls back a position
-        features = torch.randn(1, 1, width, device="cuda", generator=generator)
-        tokens = torch.tensor([[position + 3]], device="cuda")
-        window = ((torch.arange(40, device="cuda") - centre).abs() <= 4)[None, None]
-        positions = torch.tensor([position], device="cuda")
-        eager = draft(features, tokens, eager_cache, window, positions)
-        replayed = step(features, tokens, window, positions)
-        assert torch.equal(eager.hidden, replayed.hidden) and torch.equal(eager.attention, replayed.attention)
+@pytest.mark.parametrize("window", WINDOWS)
+def test_graph_replays_equal_the_eager_loops(window):
+    target, draft, memory = _target_and_draft("cuda")
+    always_propose(draft, token=7)
+    settings = Settings(draft="random", k=4, window=window, threshold=0.2)
+    reference = [min(3 * i, 29) for i in range(40)]
+    captured = {}
+    for valid_frames in (30, 21):  # the second replays the first's capture
+        host = decode.speculative(target, draft, memory, valid_frames, settings, reference)
+        device = graphs.speculative(target, draft, memory, valid_frames, settings, reference, captured=captured)
+        assert [(r.proposed, r.accepted) for r in device.rounds] == [(r.proposed, r.accepted) for r in host.rounds]
+        assert device.tokens == host.tokens and device.verified == host.verified and device.steps == host.steps
+        assert graphs.greedy(target, memory, valid_frames, True, captured=captured) == decode.greedy(
+            target, memory, valid_frames, True
+        )
+    assert len(captured) == 2

@@ -2,14 +2,13 @@
 
 import itertools
 from collections import Counter
-from unittest.mock import patch
 
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specasr import decode
+from specasr import decode, graphs
 from specasr.decode import greedy, greedy_tokens, speculative
 from specasr.draft import Draft, random_draft
 from specasr.trace import Settings, Trace
@@ -47,7 +46,7 @@ def random_target(family: str, seed: int, layers: int, heads: int, vocab_size: i
     audio=st.booleans(),
     threshold=st.sampled_from([0.0, 0.0, 0.3]),
     valid_frames=st.integers(1, 40),
-    fixed_shapes=st.booleans(),
+    captured=st.booleans(),
     data=st.data(),
 )
 def test_speculative_equals_greedy_on_random_models(
@@ -64,7 +63,7 @@ def test_speculative_equals_greedy_on_random_models(
     audio,
     threshold,
     valid_frames,
-    fixed_shapes,
+    captured,
     data,
 ):
     target = random_target(family, seed, layers, heads, vocab_size, max_length, init_std)
@@ -77,11 +76,13 @@ def test_speculative_equals_greedy_on_random_models(
     runtime_layer = data.draw(st.integers(0, layers - 1))
     settings = Settings(draft="random", k=k, window=window, threshold=threshold, runtime_layer=runtime_layer)
 
-    with patch.object(decode, "FIXED_SHAPE_DEVICES", ("cpu",) if fixed_shapes else ()):  # CUDA's padded catch-up
-        result = speculative(target, draft, memory, valid_frames, settings, reference)
+    loop = graphs.speculative if captured else speculative  # CUDA's captured round, run eagerly here
+    result = loop(target, draft, memory, valid_frames, settings, reference)
     tokens, rounds, steps, verified = result.tokens, result.rounds, result.steps, result.verified
 
     assert tokens == greedy_tokens(target, memory)
+    if captured:
+        assert graphs.greedy(target, memory, valid_frames).tokens == tokens
     assert len(target.prompt) + len(tokens) <= max_length
     assert len(tokens) <= 1 + sum(r.accepted + 1 for r in rounds)  # the first token comes from the prompt pass
     assert all(1 <= len(r.proposed) <= k for r in rounds[:-1])
@@ -144,17 +145,8 @@ def test_runtime_paced_centres_follow_the_verification_peaks_of_the_loop():
     assert moved  # the case is only meaningful if some later step left the runtime centre
 
 
-@pytest.mark.parametrize("captured", [False, True])
-@pytest.mark.parametrize("window", WINDOWS)
-def test_a_round_waits_for_the_device_once(monkeypatch, window, captured):
-    """Centres, masks, proposals and trace rows stay on the device; one copy per round (and one for the prompt's
-    pass) brings the round's integers to the host, with the round's steps eager or replayed (CUDA's, emulated), on
-    a device where reads cost a wait (emulated)."""
-    monkeypatch.setattr(decode, "FIXED_SHAPE_DEVICES", ("cpu",) if captured else ())
-    monkeypatch.setattr(decode, "FREE_READ_DEVICES", ())
-    target = random_whisper_target(seed=3, layers=2, heads=2, vocab_size=8, max_length=40, init_std=0.5)
-    memory = torch.randn(1, 40, target.d_model, generator=torch.Generator().manual_seed(3))
-    draft = always_propose(random_draft(target, seed=3), token=3)
+def _count_reads(monkeypatch) -> list[str]:
+    """Every call that brings a tensor's values to the host, by name."""
     reads = []
 
     def counting(name):
@@ -168,10 +160,40 @@ def test_a_round_waits_for_the_device_once(monkeypatch, window, captured):
 
     for name in ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__"):
         monkeypatch.setattr(torch.Tensor, name, counting(name))
+    return reads
+
+
+@pytest.mark.parametrize("captured", [False, True])
+@pytest.mark.parametrize("window", WINDOWS)
+def test_a_round_waits_for_the_device_once(monkeypatch, window, captured):
+    """Centres, masks, proposals, acceptance and trace rows stay on the device; one copy per round (and one for the
+    prompt's pass) brings the round's integers to the host, with the round's steps run from the host or captured
+    (CUDA's, run eagerly here), on a device where reads cost a wait (emulated)."""
+    monkeypatch.setattr(decode, "FREE_READ_DEVICES", ())
+    target = random_whisper_target(seed=3, layers=2, heads=2, vocab_size=8, max_length=40, init_std=0.5)
+    memory = torch.randn(1, 40, target.d_model, generator=torch.Generator().manual_seed(3))
+    draft = always_propose(random_draft(target, seed=3), token=3)
     settings = Settings(draft="random", k=4, window=window, threshold=0.3, runtime_layer=1)
-    result = speculative(target, draft, memory, 40, settings, reference=list(range(0, 40, 2)))
+    loop = graphs.speculative if captured else speculative
+    expected = greedy_tokens(target, memory)
+    reads = _count_reads(monkeypatch)
+    result = loop(target, draft, memory, 40, settings, reference=list(range(0, 40, 2)))
     assert len(result.rounds) > 3 and reads == ["tolist"] * (len(result.rounds) + 1)
-    assert result.tokens == greedy_tokens(target, memory)
+    assert result.tokens == expected
+
+
+@pytest.mark.parametrize("verify_peaks", [False, True])
+def test_captured_greedy_reads_each_token_once(monkeypatch, verify_peaks):
+    """The captured greedy loop copies each token (with its peaks) to the host once, and gives the tokens and rows
+    of the loop run from the host."""
+    target = random_whisper_target(seed=5, layers=2, heads=2, vocab_size=8, max_length=40, init_std=0.5)
+    memory = torch.randn(1, 40, target.d_model, generator=torch.Generator().manual_seed(5))
+    expected = greedy(target, memory, 30, verify_peaks)
+    reads = _count_reads(monkeypatch)
+    result = graphs.greedy(target, memory, 30, verify_peaks)
+    ended = len(target.prompt) + len(result.tokens) < target.max_length
+    assert reads == ["tolist"] * (len(result.tokens) + ended)  # and one for the end-of-text
+    assert result == expected and len(result.tokens) > 3
 
 
 def test_a_cpu_round_stops_drafting_at_its_first_unsure_proposal(monkeypatch):

@@ -371,7 +371,7 @@ def test_an_older_schema_is_migrated_on_open(tmp_path):
         _migrate(con, path, target=1)
         for table, frame in _run_frames("oldrun", [old], "decode", None).items():
             if table != "segments":
-                new_columns = ["decoder", "frame_seconds", "batch", "assistant"]  # nor any later column
+                new_columns = ["decoder", "frame_seconds", "batch", "assistant", "graphs"]  # nor any later column
                 con.register("frame", frame.drop(columns=new_columns, errors="ignore"))
                 con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM frame")
     store = Store(path)
@@ -380,7 +380,8 @@ def test_an_older_schema_is_migrated_on_open(tmp_path):
         tables = {t for (t,) in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
     assert {"segments", "reference_frames"} <= tables
     assert store.runs().run_id.tolist() == ["oldrun"]
-    assert store.traces("oldrun") == [old]  # its frames are read as 20 ms ones: only Whisper existed then
+    # Its frames are read as 20 ms ones (only Whisper existed then), and a CPU run replayed no graphs.
+    assert store.traces("oldrun") == [replace(old, settings=replace(old.settings, graphs=False))]
     assert [run.batch for run in store.decoded("decode")] == [None]
 
 

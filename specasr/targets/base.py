@@ -81,9 +81,14 @@ class Target(ABC):
         """Frames of one window that cover real audio (a window holds at most `window_samples`)."""
         return self.frames(min(n_samples, self.window_samples))
 
+    def samples(self, audio: np.ndarray) -> np.ndarray | Tensor:
+        """A clip's 16 kHz audio as `features` reads it, window by window: the samples themselves here; a target that
+        computes its features on its device moves the clip there, once."""
+        return audio
+
     @abstractmethod
-    def features(self, audio: np.ndarray) -> Any:
-        """The encoder's input for one window of 16 kHz audio."""
+    def features(self, audio: np.ndarray | Tensor) -> Any:
+        """The encoder's input for one window of 16 kHz audio (`samples` of a clip, or plain samples)."""
 
     @abstractmethod
     def encode(self, features: Any) -> Tensor:
@@ -153,7 +158,8 @@ def step_positions(
     return positions, end
 
 
-def audio_peaks(audio_attention: Tensor, valid_frames: int) -> Tensor:
+def audio_peaks(audio_attention: Tensor, valid_frames: int | Tensor) -> Tensor:
     """(rows, layers): per predicted row, the frame of each layer's head-averaged audio attention peak (padding
-    excluded), from `DecoderOutput.audio_attention` of batch 1."""
-    return audio_attention[:, 0, :, :valid_frames].argmax(dim=-1).T
+    excluded), from `DecoderOutput.audio_attention` of batch 1. `valid_frames` may be a device tensor."""
+    padding = torch.arange(audio_attention.shape[-1], device=audio_attention.device) >= valid_frames
+    return audio_attention[:, 0].masked_fill(padding, -1.0).argmax(dim=-1).T  # weights are >= 0

@@ -79,6 +79,7 @@ class WhisperTarget(Target):
         self._encoder, self._decoder = model.model.encoder, model.model.decoder
         self.lm_head = VocabularyHead(self._decoder.embed_tokens.weight)
         self._linear = PackedLinears()
+        self._mel_filters = torch.from_numpy(feature_extractor.mel_filters.T).float().to(self.device)
 
     @property
     def device(self) -> torch.device:
@@ -101,10 +102,21 @@ class WhisperTarget(Target):
 
     # audio -> features -> encoder memory
 
-    def features(self, audio: np.ndarray) -> Tensor:
-        """Log-mel features of a 16 kHz clip, padded to Whisper's 30 s window: (1, mels, 3000)."""
-        mel = self.feature_extractor(audio, sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features
-        return mel.to(self.device, self.dtype)
+    def samples(self, audio: np.ndarray) -> Tensor:
+        return torch.from_numpy(audio).to(self.device)
+
+    def features(self, audio: np.ndarray | Tensor) -> Tensor:
+        """Log-mel features of 16 kHz audio padded to Whisper's 30 s window, (1, mels, 3000), on the target's device:
+        the arithmetic of transformers' feature extractor (without its dither, which Whisper leaves off)."""
+        extractor = self.feature_extractor
+        audio = torch.as_tensor(audio, dtype=torch.float32, device=self.device)[: extractor.n_samples]
+        audio = F.pad(audio, (0, extractor.n_samples - len(audio)))
+        window = torch.hann_window(extractor.n_fft, device=audio.device)
+        stft = torch.stft(audio, extractor.n_fft, extractor.hop_length, window=window, return_complex=True)
+        power = (stft[..., :-1].abs() ** 2).contiguous()
+        mel = (self._mel_filters.to(audio.device) @ power).clamp(min=1e-10).log10()
+        mel = torch.maximum(mel, mel.max() - 8.0)
+        return ((mel + 4.0) / 4.0)[None].to(self.dtype)
 
     def frames(self, n_samples: int) -> int:
         return -(-n_samples // SAMPLES_PER_FRAME)
