@@ -1,5 +1,5 @@
-"""Our greedy loop against speculative loops and peer decoders, timed end to end on the same clips in one process,
-every arm through the pipeline."""
+"""Our greedy loops against speculative loops and peer decoders, timed end to end on the same clips in one process,
+every arm through the pipeline, every ratio against the fastest greedy loop of ours on the device."""
 
 import statistics
 from dataclasses import asdict, dataclass, field, replace
@@ -10,6 +10,7 @@ from tqdm import tqdm
 from specasr.audio import Clip
 from specasr.metrics import acceptance, loop_costs, predicted_round_speedup, proposals_per_round, rho
 from specasr.pipeline import Pipeline
+from specasr.precision import token_agreement
 from specasr.store import Store
 from specasr.trace import Settings, Trace
 
@@ -21,6 +22,8 @@ class ArmResult:
     settings: Settings
     traces: list[Trace] = field(default_factory=list)
     repeats: list[int] = field(default_factory=list)
+    device_seconds: dict[str, float] = field(default_factory=dict)  # its captured steps replayed back to back
+    float32_agreement: tuple[float, int] | None = None  # token share, clips alike: against float32 greedy
 
     def of_clip(self, clip_hash: str) -> list[Trace]:
         return [t for t in self.traces if t.clip_hash == clip_hash]
@@ -30,16 +33,23 @@ class ArmResult:
 class ClipTiming:
     clip_id: str
     arm: str
+    baseline: str  # the fastest of our greedy arms, whose medians the greedy_ columns hold
     tokens: int  # the arm's transcript tokens
     greedy_decode: float  # medians over the repetitions, seconds
     greedy_total: float
+    features: float
+    encoder: float
     decode: float
     total: float
-    same_tokens: bool  # every repetition decoded our greedy loop's tokens
+    same_tokens: bool  # every repetition decoded the baseline's tokens
 
 
 def _median(traces: list[Trace], phase: str) -> float:
     return statistics.median(getattr(t.timings, phase) for t in traces)
+
+
+def _ours_greedy(settings: Settings) -> bool:
+    return settings.draft is None and settings.decoder == "specasr"
 
 
 def benchmark(
@@ -47,13 +57,15 @@ def benchmark(
 ) -> tuple[pd.DataFrame, dict[str, ArmResult]]:
     """Decode every clip `repeats` times in every arm, interleaved, after one warm-up decode per arm.
 
-    `arms` maps names to settings; the first must be our greedy loop, the baseline of the others (speculative
-    loops and peers). No arm records verification peaks: the loop is timed, not the trace's diagnostics. Returns one
-    row per clip and arm, the baseline included (medians over repetitions), and every arm's decodes.
+    `arms` maps names to settings: speculative loops, peers, and our greedy loop, captured and eager where the
+    device replays captured steps; the fastest greedy arm of ours (pooled decode time) is the baseline of every
+    ratio. No arm records verification peaks: the loop is timed, not the trace's diagnostics. After the timing,
+    each arm's captured steps are timed alone, and arms in another precision are checked against float32 greedy.
+    Returns one row per clip and arm, the baseline included (medians over repetitions), and every arm's decodes.
     """
-    baseline = next(iter(arms))
-    if arms[baseline].draft is not None or arms[baseline].decoder != "specasr":
-        raise ValueError("the first arm of a bench is our greedy loop, the baseline")
+    greedy_arms = [name for name, settings in arms.items() if _ours_greedy(settings)]
+    if not greedy_arms:
+        raise ValueError("a bench needs our greedy loop among its arms: the baseline")
     arms = {name: replace(settings, verify_peaks=False) for name, settings in arms.items()}
     for settings in arms.values():
         pipeline.decode(clips[0], settings)
@@ -63,6 +75,11 @@ def benchmark(
             for name, settings in arms.items():
                 results[name].traces.append(pipeline.decode(clip, settings))
                 results[name].repeats.append(repeat)
+    for name, settings in arms.items():
+        results[name].device_seconds = pipeline.device_seconds(clips[0], settings)
+    if any(result.settings.dtype != "float32" for result in results.values()):
+        _check_against_float32(pipeline, clips, results)
+    baseline = min(greedy_arms, key=lambda name: sum(t.timings.decode for t in results[name].traces))
     rows = []
     for clip in clips:
         greedy = results[baseline].of_clip(clip.hash)
@@ -72,9 +89,12 @@ def benchmark(
                 ClipTiming(
                     clip_id=clip.id,
                     arm=name,
+                    baseline=baseline,
                     tokens=len(runs[0].tokens),
                     greedy_decode=_median(greedy, "decode"),
                     greedy_total=_median(greedy, "total"),
+                    features=_median(runs, "features"),
+                    encoder=_median(runs, "encoder"),
                     decode=_median(runs, "decode"),
                     total=_median(runs, "total"),
                     same_tokens=all(s.tokens == greedy[0].tokens for s in runs),
@@ -86,22 +106,44 @@ def benchmark(
     return table, results
 
 
+def _check_against_float32(pipeline: Pipeline, clips: list[Clip], results: dict[str, ArmResult]) -> None:
+    """Each arm's first repetition against our float32 greedy loop on the same clips (paper A.4): the share of
+    transcript positions that hold the same token, and the clips decoded alike."""
+    arm = next(iter(results.values())).settings
+    reference = Settings(target=arm.target, device=arm.device, dtype="float32", verify_peaks=False)
+    truth = {clip.hash: pipeline.decode(clip, reference).tokens for clip in tqdm(clips, desc="float32 greedy")}
+    for result in results.values():
+        first = [t for t, repeat in zip(result.traces, result.repeats, strict=True) if repeat == 0]
+        counts = [token_agreement(truth[t.clip_hash], t.tokens) for t in first]
+        alike = sum(truth[t.clip_hash] == t.tokens for t in first)
+        result.float32_agreement = sum(same for same, _ in counts) / max(1, sum(n for _, n in counts)), alike
+
+
 def summary(table: pd.DataFrame, results: dict[str, ArmResult]) -> pd.DataFrame:
-    """One row per arm: speedups over our greedy loop (median over clips and pooled over time), seconds per clip,
-    decode-phase tokens per second, clips with our greedy's tokens and, for speculative arms, acceptance, rho, the
-    cost model's decode speedup (1 + L) / (1 + K rho) with K the rounds' mean proposals, to hold against the measured
-    one, and what the model leaves out: a verification pass in greedy steps, the share of the decode phase outside
-    draft steps and verification passes, and the model's speedup with both put back.
+    """One row per arm: speedups over the baseline, the fastest greedy loop of ours (median over clips and pooled
+    over time), seconds per clip, decode-phase tokens per second and milliseconds per token, clips with the
+    baseline's tokens and, for speculative arms, acceptance, rho, the cost model's decode speedup
+    (1 + L) / (1 + K rho) with K the rounds' mean proposals, to hold against the measured one, and what the model
+    leaves out: a verification pass in greedy steps, the share of the decode phase outside draft steps and
+    verification passes, and the model's speedup with both put back.
+
+    Where an arm replays captured steps: their device time alone (a greedy step, or a round's drafting and
+    verification), the decode phase's wall time per step (per token, or per round), and the host's share of it.
+    Where arms ran in another precision: each arm's agreement with float32 greedy.
 
     Acceptance is counted on the first repetition (every repetition decodes the same tokens); the costs on all of
     them.
     """
-    greedy = next(iter(results.values())).traces
+    baseline = table.baseline.iloc[0]
+    greedy = results[baseline].traces
     rows = []
     for name, runs in table.groupby("arm", sort=False):
         result = results[name]
+        decode = sum(t.timings.decode for t in result.traces)
+        tokens = sum(len(t.tokens) for t in result.traces)
         row = {
             "arm": name,
+            "baseline": name == baseline,
             "clips": len(runs),
             "decode_speedup_median": runs.decode_speedup.median(),
             "total_speedup_median": runs.total_speedup.median(),
@@ -109,8 +151,17 @@ def summary(table: pd.DataFrame, results: dict[str, ArmResult]) -> pd.DataFrame:
             "total_speedup_pooled": runs.greedy_total.sum() / runs.total.sum(),
             "total_ms_median": 1000 * runs.total.median(),
             "tokens_per_second": runs.tokens.sum() / runs.decode.sum(),
+            "ms_per_token": 1000 * decode / tokens,
             "same_tokens_clips": int(runs.same_tokens.sum()),
         }
+        if result.float32_agreement is not None:
+            row |= dict(zip(("float32_token_agreement", "float32_same_clips"), result.float32_agreement, strict=True))
+        if result.device_seconds:
+            steps = sum(len(t.rounds) for t in result.traces) if result.settings.draft is not None else tokens
+            row |= {f"device_ms_{step}": 1000 * seconds for step, seconds in result.device_seconds.items()}
+            row["device_ms"] = 1000 * sum(result.device_seconds.values())
+            row["wall_ms"] = 1000 * decode / steps
+            row["host_share"] = 1 - row["device_ms"] / row["wall_ms"]
         if result.settings.draft is not None:
             first = [t for t, repeat in zip(result.traces, result.repeats, strict=True) if repeat == 0]
             accepted, measured_rho = acceptance(first), rho(result.traces)

@@ -170,6 +170,27 @@ class Pipeline:
             verified=verified,
         )
 
+    def device_seconds(self, clip: Clip, settings: Settings, repeats: int = 50) -> dict[str, float]:
+        """The device time of the captured steps `settings` decode with, on the clip's first window, each replayed
+        back to back (the kernels' own time, no host work between them): a greedy step, or a round's drafting and
+        verification. Empty where the settings replay no captured steps."""
+        settings = self.resolved(settings)
+        if not settings.graphs:
+            return {}
+        target = self.target(settings)
+        start, end = split_windows(clip.audio, target.window_samples, target.cut_samples)[0]
+        memory = target.encode(target.features(target.samples(clip.audio)[start:end]))
+        valid_frames = target.valid_frames(end - start)
+        with torch.inference_mode():
+            if settings.draft is None:
+                steps = graphs.greedy_steps(self._captured, target, memory, settings.verify_peaks)
+                steps.load(memory, valid_frames)
+                return {"step": steps.device_seconds(repeats)}
+            steps = graphs.round_steps(self._captured, target, self.draft(settings), memory, settings)
+            steps.load(memory, valid_frames, [])  # no window needs its reference frames to be timed
+            drafting, verification = steps.device_seconds(repeats)
+            return {"draft": drafting, "verify": verification}
+
     def reference(
         self,
         clip: Clip,

@@ -76,9 +76,13 @@ def test_decode_reference_file_errors_are_user_errors(capsys, sample_clips, tmp_
 
 
 def test_bench_prints_a_table_and_summary(capsys, speech):
-    assert main(["bench", "--clips", "1", "--repeats", "1", "--k", "2", "--draft", "random"]) == 0
+    assert main(["bench", "--clips", "1", "--repeats", "1", "--k", "1,2", "--draft", "random"]) == 0
     out = capsys.readouterr().out
     for column in (
+        "random K=1",
+        "random K=2",
+        "baseline: greedy",
+        "ms_per_token",
         "decode_speedup",
         "total_speedup",
         "rho",
@@ -89,7 +93,7 @@ def test_bench_prints_a_table_and_summary(capsys, speech):
         "same_tokens_clips",
     ):
         assert column in out
-    assert sum(line.startswith("stored ") for line in out.splitlines()) == 2  # the greedy and the draft's run
+    assert sum(line.startswith("stored ") for line in out.splitlines()) == 3  # the greedy run and one per K
 
 
 def test_bench_times_peers_beside_our_loops_as_json(capsys, speech):
@@ -112,6 +116,7 @@ def test_bench_times_peers_beside_our_loops_as_json(capsys, speech):
     accounted = random["cost_model_speedup"] * (1 - random["outside_share"]) / random["verify_steps"]
     assert random["accounted_speedup"] == pytest.approx(accounted)
     assert [row["arm"] for row in record["clips"]] == list(summary)
+    assert summary["greedy"]["baseline"] and not any(summary[arm]["baseline"] for arm in list(summary)[1:])
     with pytest.raises(SystemExit):
         main(["bench", "--peers", "whisper.cpp"])
     expected = "unknown whisper.cpp; choose from faster-whisper, transformers, transformers-assisted"

@@ -9,6 +9,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from specasr import decode, graphs
 from specasr.decode import greedy_tokens
 from specasr.draft import random_draft
+from specasr.targets import WhisperTarget
 from specasr.trace import Settings
 from specasr.windows import WINDOWS
 from tests.conftest import random_prefix_target, random_whisper_target
@@ -21,7 +22,8 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def _target_and_draft(device: str = "cpu"):
     target = random_whisper_target(seed=3, layers=2, heads=2, vocab_size=24, max_length=40, init_std=0.5)
-    target.model.to(device)
+    if device != "cpu":  # a target keeps masks on its model's device: made anew there, as load_target does
+        target = WhisperTarget(target.name, target.model.to(device), target.tokenizer, target.feature_extractor)
     draft = random_draft(target, seed=4)
     memory = torch.randn(1, 40, target.d_model, generator=torch.Generator().manual_seed(0)).to(device)
     return target, draft, memory

@@ -183,17 +183,18 @@ def test_a_round_waits_for_the_device_once(monkeypatch, window, captured):
 
 
 @pytest.mark.parametrize("verify_peaks", [False, True])
-def test_captured_greedy_reads_each_token_once(monkeypatch, verify_peaks):
+@pytest.mark.parametrize(("vocab_size", "seed", "ends"), [(12, 5, True), (8, 0, False)])  # end-of-text, or the limit
+def test_captured_greedy_reads_each_token_once(monkeypatch, verify_peaks, vocab_size, seed, ends):
     """The captured greedy loop copies each token (with its peaks) to the host once, and gives the tokens and rows
     of the loop run from the host."""
-    target = random_whisper_target(seed=5, layers=2, heads=2, vocab_size=8, max_length=40, init_std=0.5)
-    memory = torch.randn(1, 40, target.d_model, generator=torch.Generator().manual_seed(5))
+    target = random_whisper_target(seed=seed, layers=2, heads=2, vocab_size=vocab_size, max_length=40, init_std=0.5)
+    memory = torch.randn(1, 40, target.d_model, generator=torch.Generator().manual_seed(seed))
     expected = greedy(target, memory, 30, verify_peaks)
     reads = _count_reads(monkeypatch)
     result = graphs.greedy(target, memory, 30, verify_peaks)
-    ended = len(target.prompt) + len(result.tokens) < target.max_length
-    assert reads == ["tolist"] * (len(result.tokens) + ended)  # and one for the end-of-text
+    assert reads == ["tolist"] * (len(result.tokens) + ends)  # and one for the end-of-text
     assert result == expected and len(result.tokens) > 3
+    assert (len(target.prompt) + len(result.tokens) < target.max_length) == ends
 
 
 def test_a_cpu_round_stops_drafting_at_its_first_unsure_proposal(monkeypatch):

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The last call of a GPU job (tools/gpu_stage.py): join the pieces the earlier calls left in /tmp/stage, check and
+# unpack them, install the carried wheels, put weights, drafts and caches where specasr looks, and run the job.
+# Logs go to $OUT; the tables print last.
+#   bash tools/gpu_job.sh [float16|float32]
+# float16: the CUDA graph tests, then per target the peers bench (graphed and eager greedy, generate, assisted, the
+#   shipped drafts at K 2,4,8; ms/token, host share, agreement with float32 greedy), then a 30 s clip's phases.
+# float32: per target, graphed greedy against eager greedy, generate and one draft, token for token.
+set -uo pipefail
+dtype=${1:-float16}
+stage=/tmp/stage out=${OUT:-/tmp/out}
+mkdir -p $stage $out && cp .devcarry/p*/* $stage/
+(cd $stage && cat stage.tar.gz.* > stage.tar.gz && sha256sum --check stage.sha256 && tar xzf stage.tar.gz) || exit 1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site $stage/whl/*.whl
+export PYTHONPATH=/tmp/site SPECASR_CACHE=/tmp/specasr-cache PYTHONUNBUFFERED=1
+mkdir -p $SPECASR_CACHE && cp -r $stage/targets $SPECASR_CACHE/
+mkdir -p drafts && cp -r $stage/drafts/. drafts/  # the calls carry the working tree without them
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
+python3 -c "import torch, transformers, sys; print(sys.version.split()[0], 'torch', torch.__version__, 'transformers', transformers.__version__)"
+
+if [ "$dtype" = float32 ]; then
+    for target in whisper-tiny.en whisper-base; do
+        python3 -m specasr bench --device cuda --target $target --draft $target/anchordraft --k 4 --peers transformers \
+            --speech-dir $stage/speech --clips 20 --repeats 1 --no-store --json 2>>$out/log.txt >>$out/float32.json
+    done
+    python3 tools/gpu_tables.py $out/float32.json | tee $out/tables.txt
+    exit
+fi
+python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_graphs.py -k "replays" >$out/graphs.txt 2>&1
+tail -3 $out/graphs.txt
+for target in whisper-tiny.en whisper-base; do
+    python3 -m specasr bench --device cuda --dtype float16 --draft-dtype float16 --target $target --draft shipped \
+        --k 2,4,8 --peers transformers,transformers-assisted --speech-dir $stage/speech --clips 20 --repeats 3 \
+        --db $out/runs.duckdb --json 2>>$out/log.txt >$out/$target.json || tail -20 $out/log.txt
+done
+for target in whisper-tiny.en whisper-base; do  # one 30 s window, waveform to text
+    python3 -m specasr bench --device cuda --dtype float16 --draft-dtype float16 --target $target \
+        --draft $target/anchordraft --k 4 --speech-dir $stage/long --clips 1 --repeats 5 --no-store --json \
+        2>>$out/log.txt >>$out/long.json || tail -20 $out/log.txt
+done
+python3 tools/gpu_tables.py $out/whisper-tiny.en.json $out/whisper-base.json $out/long.json | tee $out/tables.txt

@@ -1,0 +1,59 @@
+"""Markdown tables from `python -m specasr bench --json` records, one record per line (tools/gpu_job.sh): per target
+every arm's milliseconds per token, its speedups over the baseline (the fastest greedy loop of ours), acceptance,
+the host's share of a captured step and agreement with float32 greedy; for one-clip benches, the phase split.
+
+    python tools/gpu_tables.py BENCH.json [...]
+"""
+
+import json
+import sys
+from pathlib import Path
+
+
+def number(value, digits: int = 2, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:.{digits}f}{suffix}"
+
+
+def arms_table(record: dict) -> list[str]:
+    lines = [
+        "| arm | ms/token | decode vs baseline | end to end | L | device ms / wall ms a step | host share "
+        "| same tokens as baseline | fp32 token agreement |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in record["summary"]:
+        name = f"**{row['arm']}** (baseline)" if row["baseline"] else row["arm"]
+        steps = f"{number(row.get('device_ms'))} / {number(row.get('wall_ms'))}" if row.get("device_ms") else "-"
+        lines.append(
+            f"| {name} | {number(row['ms_per_token'], 3)} | {number(row['decode_speedup_pooled'])}x "
+            f"| {number(row['total_speedup_pooled'])}x | {number(row.get('L'))} | {steps} "
+            f"| {number(100 * row['host_share'] if row.get('host_share') is not None else None, 0, '%')} "
+            f"| {row['same_tokens_clips']}/{row['clips']} | {number(row.get('float32_token_agreement'), 3)} |"
+        )
+    return lines
+
+
+def phases_table(record: dict) -> list[str]:
+    lines = ["| arm | features ms | encoder ms | decode ms | total ms | tokens |", "|---|---|---|---|---|---|"]
+    for row in record["clips"]:
+        phases = [1000 * row[phase] for phase in ("features", "encoder", "decode", "total")]
+        lines.append(f"| {row['arm']} | {' | '.join(number(p) for p in phases)} | {row['tokens']} |")
+    return lines
+
+
+def main(paths: list[str]) -> None:
+    for path in paths:
+        try:
+            lines = Path(path).read_text().splitlines()
+        except OSError as error:
+            print(f"{path}: {error}")
+            continue
+        for line in filter(None, lines):
+            record = json.loads(line)
+            clips = {row["clip_id"] for row in record["clips"]}
+            run = next(iter(record["runs"].values()), None) if record["runs"] else None
+            print(f"\n{path}: {len(clips)} clips{f', first run {run}' if run else ''}")
+            print("\n".join(phases_table(record) if len(clips) == 1 else arms_table(record)))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
