@@ -128,7 +128,8 @@ def summary(table: pd.DataFrame, results: dict[str, ArmResult]) -> pd.DataFrame:
     verification passes, and the model's speedup with both put back.
 
     Where an arm replays captured steps: their device time alone (a greedy step, or a round's drafting and
-    verification), the decode phase's wall time per step (per token, or per round), and the host's share of it.
+    verification), the decode phase's wall time per step (per token, or per round; from the medians over
+    repetitions, as every time here), and the host's share of it.
     Where arms ran in another precision: each arm's agreement with float32 greedy.
 
     Acceptance is counted on the first repetition (every repetition decodes the same tokens); the costs on all of
@@ -139,8 +140,8 @@ def summary(table: pd.DataFrame, results: dict[str, ArmResult]) -> pd.DataFrame:
     rows = []
     for name, runs in table.groupby("arm", sort=False):
         result = results[name]
-        decode = sum(t.timings.decode for t in result.traces)
-        tokens = sum(len(t.tokens) for t in result.traces)
+        first = [t for t, repeat in zip(result.traces, result.repeats, strict=True) if repeat == 0]
+        decode, tokens = runs.decode.sum(), runs.tokens.sum()  # of the medians over repetitions
         row = {
             "arm": name,
             "baseline": name == baseline,
@@ -150,20 +151,19 @@ def summary(table: pd.DataFrame, results: dict[str, ArmResult]) -> pd.DataFrame:
             "decode_speedup_pooled": runs.greedy_decode.sum() / runs.decode.sum(),
             "total_speedup_pooled": runs.greedy_total.sum() / runs.total.sum(),
             "total_ms_median": 1000 * runs.total.median(),
-            "tokens_per_second": runs.tokens.sum() / runs.decode.sum(),
+            "tokens_per_second": tokens / decode,
             "ms_per_token": 1000 * decode / tokens,
             "same_tokens_clips": int(runs.same_tokens.sum()),
         }
         if result.float32_agreement is not None:
             row |= dict(zip(("float32_token_agreement", "float32_same_clips"), result.float32_agreement, strict=True))
         if result.device_seconds:
-            steps = sum(len(t.rounds) for t in result.traces) if result.settings.draft is not None else tokens
+            steps = sum(len(t.rounds) for t in first) if result.settings.draft is not None else tokens
             row |= {f"device_ms_{step}": 1000 * seconds for step, seconds in result.device_seconds.items()}
             row["device_ms"] = 1000 * sum(result.device_seconds.values())
             row["wall_ms"] = 1000 * decode / steps
             row["host_share"] = 1 - row["device_ms"] / row["wall_ms"]
         if result.settings.draft is not None:
-            first = [t for t, repeat in zip(result.traces, result.repeats, strict=True) if repeat == 0]
             accepted, measured_rho = acceptance(first), rho(result.traces)
             row |= {"L": accepted.L, "a1": accepted.a1, "a2c": accepted.a2c, "rho": measured_rho}
             model = predicted_round_speedup(accepted.L, proposals_per_round(result.traces), measured_rho)

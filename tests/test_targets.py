@@ -133,3 +133,13 @@ def test_the_encoder_pass_is_transformers_encoder_in_float32(request, target_nam
         tolerance = 1e-4 * exact.abs().max()
         assert (target.encode(features) - exact).abs().max() < tolerance
         assert (target.model.model.encoder(features).last_hidden_state - exact).abs().max() < tolerance
+
+
+def test_log_mel_features_are_the_feature_extractors(tiny_en, sample_clips):
+    """Computed with torch on the target's device, from a tensor (a clip moved once) or from samples: on a CPU the
+    feature extractor's own numbers, for a short clip, one of exactly 30 s and one cut to 30 s."""
+    audio = load_audio(sample_clips[1].path)
+    for samples in (audio, np.resize(audio, 16000 * 30), np.resize(audio, 16000 * 45)):
+        expected = tiny_en.feature_extractor(samples, sampling_rate=16000, return_tensors="pt").input_features
+        assert torch.equal(tiny_en.features(samples), expected)
+        assert torch.equal(tiny_en.features(tiny_en.samples(samples)), expected)
