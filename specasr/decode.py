@@ -130,7 +130,7 @@ class SegmentRows:
         self.result.rounds.append(
             Round(index, origin.segment, origin.token + start, proposed, accepted, choices[accepted], *seconds)
         )
-        offset = self.origin.frame
+        offset = origin.frame
         for depth, token in enumerate(proposed, start=1):
             centre, reference = centres[depth - 1], self.policy.reference_frame(start + depth - 1)
             self.result.steps.append(
