@@ -143,3 +143,11 @@ def test_log_mel_features_are_the_feature_extractors(tiny_en, sample_clips):
         expected = tiny_en.feature_extractor(samples, sampling_rate=16000, return_tensors="pt").input_features
         assert torch.equal(tiny_en.features(samples), expected)
         assert torch.equal(tiny_en.features(tiny_en.samples(samples)), expected)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_log_mel_features_on_cuda_are_within_rounding_of_the_feature_extractors(sample_clips):
+    target = load_target("whisper-tiny.en", device="cuda")
+    audio = load_audio(sample_clips[1].path)
+    expected = target.feature_extractor(audio, sampling_rate=16000, return_tensors="pt").input_features
+    assert (target.features(target.samples(audio)).cpu() - expected).abs().max() < 1e-4
