@@ -9,7 +9,7 @@ import widgets
 from specasr.cache import cache_dir
 from specasr.dataset import load_manifest, spread
 from specasr.draft import shipped_drafts
-from specasr.experiments import Grid, clip_results, contrast, draft_label, run_grid, tables
+from specasr.experiments import AGGREGATION, Grid, clip_results, contrast, draft_label, run_grid, tables, weighting
 from specasr.metrics import depth_profile
 from specasr.views import depth_figure
 
@@ -54,27 +54,28 @@ with tab_run:
             if source == "evaluation clips":
                 utterances = spread(load_manifest(), count)
                 clips = [u.clip() for u in utterances]
-                sets = {c.hash: u.subset for c, u in zip(clips, utterances, strict=True)}
+                sets = weighting({c.hash: u.subset for c, u in zip(clips, utterances, strict=True)})
             elif single is None:
                 raise ValueError("give a clip first")
             else:
-                clips, sets = [single], None
+                clips, sets = [single], weighting({single.hash: single.dataset or "clip"})
             grid = Grid(settings, tuple(names), (settings.window,), (settings.k,), (settings.threshold,))
             with st.spinner(f"Decoding {len(clips)} clips under {len(names)} drafts and greedy…"):
                 runs = run_grid(widgets.pipeline(), widgets.store(), grid, clips, repeats)
-                found = tables(widgets.store(), runs, sets)
+                found = tables(widgets.store(), runs, sets.sets)
             greedy = widgets.store().traces(runs.baseline)
             arms = {
-                draft_label(s.draft): clip_results(greedy, widgets.store().traces(r), sets)
+                draft_label(s.draft): clip_results(greedy, widgets.store().traces(r), sets.sets)
                 for s, r in runs.cells.items()
             }
-            st.session_state["checkpoints"] = {"cells": found.cells, "arms": arms}
+            st.session_state["checkpoints"] = {"cells": found.cells, "arms": arms, "rule": sets.rule}
         except (*widgets.DECODE_ERRORS, FileNotFoundError) as error:
             widgets.report(error)
 
     result = st.session_state.get("checkpoints")
     if result:
         cells = result["cells"]
+        st.caption(f"{result['rule']}; {AGGREGATION}")
         st.subheader("Each draft")
         st.dataframe(cells.drop(columns=["s"]), hide_index=True, key="checkpoint_cells")
         arms = result["arms"]

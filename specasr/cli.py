@@ -3,7 +3,6 @@
 import argparse
 import json
 import sys
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
 from datetime import datetime
@@ -19,7 +18,7 @@ from specasr.bench import benchmark, store_results, summary
 from specasr.cache import cache_dir
 from specasr.dataset import DEFAULT_SPEECH_DIR, load_manifest, load_utterances, spread
 from specasr.draft import DraftMismatchError, shipped_drafts
-from specasr.experiments import AGGREGATION, Grid, run_grid
+from specasr.experiments import AGGREGATION, MIN_SET_CLIPS, Grid, run_grid, weighting
 from specasr.experiments import tables as experiment_tables
 from specasr.metrics import acceptance, anchor_error_by_depth, word_error_rate
 from specasr.peers import TARGET_LAYERS
@@ -392,19 +391,19 @@ def cmd_experiment(args: argparse.Namespace) -> None:
         raise UsageError(str(error)) from error
     utterances = spread(load_utterances(args.data), args.clips)
     clips = [u.clip(args.max_seconds) for u in utterances]
-    sets = {clip.hash: u.subset for clip, u in zip(clips, utterances, strict=True)}
+    sets = weighting({clip.hash: u.subset for clip, u in zip(clips, utterances, strict=True)}, args.min_set_clips)
     store = Store(args.db)
     runs = run_grid(Pipeline(store), store, grid, clips, args.repeats)
-    found = experiment_tables(store, runs, sets)
+    found = experiment_tables(store, runs, sets.sets)
+    aggregation = f"{sets.rule}; {AGGREGATION}"
     best = found.cells.loc[found.cells.decode_speedup.idxmax()]
     if args.json:
-        record = {"aggregation": AGGREGATION, "baseline_run": runs.baseline, "peaks_run": runs.peaks}
+        record = {"aggregation": aggregation, "baseline_run": runs.baseline, "peaks_run": runs.peaks}
         record |= {name: _records(table) for name, table in vars(found).items()}
         print(json.dumps(record | {"best_run": best.run_id}, default=_json_value))
         return
-    counts = ", ".join(f"{name} {n}" for name, n in Counter(sets.values()).items())
-    print(f"{args.target} on {len(clips)} clips of {args.data} ({counts}) x {args.repeats} repeats")
-    print(f"greedy run {runs.baseline}, verification-peaks run {runs.peaks}\n{AGGREGATION}")
+    print(f"{args.target} on {len(clips)} clips of {args.data} x {args.repeats} repeats")
+    print(f"greedy run {runs.baseline}, verification-peaks run {runs.peaks}\n{aggregation}")
     for title, table, number_format in (
         ("Cells (Tables 1, 2, 3, 6)", found.cells.drop(columns="s"), "%.3f"),
         ("Contrasts, b-a (Tables 1, 2, 3, 6, 16)", found.contrasts, "%+.3f"),
@@ -575,6 +574,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--clips", type=int, default=20, help="N clips spread evenly over the manifest")
     p.add_argument("--repeats", type=int, default=1)
+    p.add_argument(
+        "--min-set-clips",
+        type=int,
+        default=MIN_SET_CLIPS,
+        help="evaluation sets smaller than this are merged into one, or every metric pooled over all clips",
+    )
     _add_clip_options(p)
     _add_speculative_options(p, several_drafts=True, grid=True)
     _add_store_options(p, optional=False)

@@ -8,14 +8,16 @@ alike, and written together as one batch of runs when all clips are done. Runnin
 the store holds; a grid that adds a cell decodes the baseline and every cell again, since timings compare only
 within a batch.
 
-Aggregation as in the paper: every metric is taken within each evaluation set and the sets are weighted equally.
-Within a set, acceptance is pooled over the rounds of each cell's first repetition (every repetition decodes the
-same tokens) and speed is total time over total time of each clip's median over repetitions. Intervals are paired
-utterance-bootstrap percentile intervals: the same clips in both arms, clips resampled within their set, a clip
-with all its repetitions.
+Aggregation as in the paper where the evaluation sets allow it: every metric is taken within each set and the sets
+are weighted equally, but only sets of at least MIN_SET_CLIPS clips count as sets of their own (`weighting`). Within
+a set, acceptance is pooled over the rounds of each cell's first repetition (every repetition decodes the same
+tokens) and speed is total time over total time of each clip's median over repetitions. Intervals are paired
+bootstrap percentile intervals: the same clips in both arms, clips resampled within their set, a clip with all its
+repetitions, and the sets themselves resampled where there are several.
 """
 
 import statistics
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import PurePath
@@ -46,11 +48,12 @@ from specasr.windows import RUNTIME_WINDOWS
 
 COMMAND = "experiment"
 AGGREGATION = (
-    "evaluation sets weighted equally; within a set, acceptance pooled over the rounds of each cell's first "
-    "repetition and speed as total over total of each clip's median over repetitions; 95% paired utterance-bootstrap "
-    "intervals (10,000 draws, seed 0, clips resampled within their set); peak agreement, restart outcomes and "
-    "anchor errors pooled over clips"
+    "within a set, acceptance pooled over the rounds of each cell's first repetition and speed as total over total "
+    "of each clip's median over repetitions; 95% paired bootstrap intervals (10,000 draws, seed 0): clips resampled "
+    "within their set, and the sets themselves where there are several; peak agreement, restart outcomes and anchor "
+    "errors pooled over clips"
 )
+MIN_SET_CLIPS = 20  # a smaller evaluation set is not weighted as a set of its own
 DRAWS = 10_000
 SEED = 0
 WINDOW_CONTRASTS = (  # (a, b): b - a
@@ -139,6 +142,34 @@ def stored_grid(store: Store, target: str) -> GridRuns | None:
         if run.settings.draft is not None and run.batch == baseline.batch and _clips(run) == clips
     }
     return GridRuns(baseline.run_id, peaks[-1].run_id, cells) if peaks else None
+
+
+@dataclass(frozen=True)
+class Weighting:
+    """How clips are grouped before their metrics are averaged: each clip's set, and the rule that made them."""
+
+    sets: dict[str, str]  # clip hash -> the set whose metrics it counts in
+    rule: str  # in words, with each set's size
+
+
+def weighting(sets: dict[str, str], minimum: int = MIN_SET_CLIPS) -> Weighting:
+    """Evaluation sets (clip hash -> set) of at least `minimum` clips are weighted equally, and the clips of smaller
+    sets make one set more if together they reach `minimum`. Where they do not, or fewer than two sets would remain,
+    every metric is pooled over all clips: a set of a few clips weighted like one of dozens would carry the estimate
+    with next to no variance to show for it."""
+    sizes = Counter(sets.values())
+    large = sorted(name for name, n in sizes.items() if n >= minimum)
+    small = sorted(name for name, n in sizes.items() if n < minimum)
+    merged = sum(sizes[name] for name in small)
+    listed = ", ".join(f"{name} ({sizes[name]})" for name in large)
+    if len(large) + (merged >= minimum) < 2 or 0 < merged < minimum:
+        why = f"sets under {minimum} clips: {', '.join(small)} ({merged} clips)" if small else "one set"
+        return Weighting(dict.fromkeys(sets, "all"), f"pooled over all {len(sets)} clips as one set ({why})")
+    if not small:
+        return Weighting(dict(sets), f"sets of at least {minimum} clips weighted equally: {listed}")
+    group = f"{len(small)} smaller sets"
+    rule = f"sets of at least {minimum} clips weighted equally: {listed}, {group} merged ({merged} clips)"
+    return Weighting({clip: group if name in small else name for clip, name in sets.items()}, rule)
 
 
 def _clips(run: DecodedRun) -> set[str]:
@@ -274,7 +305,7 @@ def _columns(*arms: list[ClipResult]) -> Columns:
 
 
 def _interval(statistic: Callable[..., np.ndarray], columns: Columns) -> Interval:
-    return pooled_bootstrap(statistic, columns[0], DRAWS, SEED, strata=columns[1])
+    return pooled_bootstrap(statistic, columns[0], DRAWS, SEED, strata=columns[1], resample_strata=True)
 
 
 def _estimate(metric: Callable[..., np.ndarray], columns: Columns) -> float | None:

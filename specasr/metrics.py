@@ -275,6 +275,7 @@ def pooled_bootstrap(
     level: float = 0.95,
     strata: Sequence[str] | None = None,
     chunk: int = 1000,
+    resample_strata: bool = False,
 ) -> Interval:
     """Percentile interval for a statistic of pooled sums, all draws at once.
 
@@ -283,8 +284,10 @@ def pooled_bootstrap(
     such as acceptance pooled over rounds or total time over total time. With `strata` (one label per utterance,
     such as its evaluation set) the statistic is taken within each stratum and averaged with equal weights; a
     stratum where it is undefined on the sample is left out. Every draw resamples utterances within their
-    stratum, the same ones in every arm; draws where the statistic is not finite are skipped, more than half is
-    an error. With no draws the interval is the estimate itself.
+    stratum, the same ones in every arm; with `resample_strata` it first draws as many strata as there are, with
+    replacement, each with a resample of its own, so that the interval covers the variation between strata and not
+    only within them. Draws where the statistic is not finite are skipped, more than half is an error. With no
+    draws the interval is the estimate itself.
     """
     sizes = {len(column) for arm in arms for column in arm.values()}
     if len(sizes) != 1 or not (n := sizes.pop()):
@@ -309,10 +312,18 @@ def pooled_bootstrap(
         if not draws:
             return Interval(estimate, estimate, estimate)
         rng, values = np.random.default_rng(seed), []
+        kept = np.flatnonzero(defined)
+        slots = len(kept) if resample_strata else 1
         for start in range(0, draws, chunk):
             size = min(chunk, draws - start)
-            drawn = [rng.choice(group, size=(size, len(group))) for group in groups]
-            values.append(evaluate(drawn)[:, defined].mean(axis=1))
+            taken = []
+            for _ in range(slots):  # each slot: one stratum per draw, with its own resample of utterances
+                per_stratum = evaluate([rng.choice(group, size=(size, len(group))) for group in groups])[:, kept]
+                if not resample_strata:
+                    taken.append(per_stratum.mean(axis=1))
+                    continue
+                taken.append(per_stratum[np.arange(size), rng.integers(0, len(kept), size=size)])
+            values.append(np.mean(taken, axis=0))
     values = np.concatenate(values)
     values = values[np.isfinite(values)]
     if len(values) * 2 < draws:

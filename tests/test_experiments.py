@@ -1,6 +1,7 @@
 """The experiment runner: grids kept in the store, resumed without duplicates, and tables equal to hand computations."""
 
 import json
+from collections import Counter
 from dataclasses import replace
 
 import numpy as np
@@ -8,7 +9,17 @@ import pytest
 
 from specasr.cli import main
 from specasr.dataset import evaluation_set, load_manifest
-from specasr.experiments import COMMAND, Grid, GridRuns, clip_results, contrasts, run_grid, stored_grid, tables
+from specasr.experiments import (
+    COMMAND,
+    Grid,
+    GridRuns,
+    clip_results,
+    contrasts,
+    run_grid,
+    stored_grid,
+    tables,
+    weighting,
+)
 from specasr.metrics import bootstrap, pooled_bootstrap
 from specasr.pipeline import Pipeline
 from specasr.store import Store
@@ -245,6 +256,25 @@ def test_bootstrap_interval_of_a_known_case():
     columns = {"x": np.array([0.0, 1.0, 2.0]), "n": np.ones(3)}
     sets = pooled_bootstrap(lambda sums: sums["x"] / sums["n"], [columns], draws=4000, seed=0, strata=["A", "A", "B"])
     assert (sets.estimate, sets.low, sets.high) == (1.25, 1.0, 1.5)
+    # The sets resampled too: two draws of {A, B}, each mean over its own resample. Both A (1/4): the mean of two A
+    # means is 0 with probability 1/64 and at most 0.25 with 5/64; both B (1/4): 2. So 2.5% and 97.5% fall there.
+    wider = pooled_bootstrap(
+        lambda sums: sums["x"] / sums["n"], [columns], draws=4000, seed=0, strata=["A", "A", "B"], resample_strata=True
+    )
+    assert (wider.estimate, wider.low, wider.high) == (1.25, 0.25, 2.0)
+
+
+def test_small_evaluation_sets_are_not_weighted_as_sets_of_their_own():
+    names = ["a"] * 35 + ["b"] * 35 + ["c"] * 4 + ["d"] * 2 + ["e", "f"]  # ../shared/data/speech's every second clip
+    developer_set = {f"c{i}": name for i, name in enumerate(names)}
+    pooled = weighting(developer_set)  # 8 clips in four small sets make no set of 20 even merged
+    assert set(pooled.sets.values()) == {"all"}
+    assert pooled.rule == "pooled over all 78 clips as one set (sets under 20 clips: c, d, e, f (8 clips))"
+    merged = weighting(developer_set, minimum=5)
+    assert Counter(merged.sets.values()) == {"a": 35, "b": 35, "4 smaller sets": 8}
+    assert merged.rule == "sets of at least 5 clips weighted equally: a (35), b (35), 4 smaller sets merged (8 clips)"
+    assert weighting(developer_set, minimum=1).sets == developer_set
+    assert set(weighting({"c1": "a", "c2": "a"}, minimum=1).sets.values()) == {"all"}  # one set: nothing to weigh
 
 
 def test_a_grid_runs_once_and_resumes_without_duplicates(sample_clips, tmp_path):
@@ -297,7 +327,7 @@ def test_experiment_command_prints_the_tables_as_json(capsys, sample_clips, tmp_
     assert {row["k"] for row in record["sweep"]} == {2, 3} and sum(row["fastest"] for row in record["sweep"]) == 1
     layers = [row for row in record["peaks"] if row["source"].endswith("verification")]
     assert len(layers) == 4 and sum(row["runtime_layer"] for row in layers) == 1  # tiny.en: four decoder layers
-    assert "evaluation sets weighted equally" in record["aggregation"]
+    assert record["aggregation"].startswith("pooled over all 2 clips as one set (sets under 20 clips: ")
     assert main([*command, "--window", "sideways", "--db", db]) == 2
     assert "unknown window" in capsys.readouterr().err
 
