@@ -62,10 +62,10 @@ with tab_run:
             grid = Grid(settings, tuple(names), (settings.window,), (settings.k,), (settings.threshold,))
             with st.spinner(f"Decoding {len(clips)} clips under {len(names)} drafts and greedy…"):
                 runs = run_grid(widgets.pipeline(), widgets.store(), grid, clips, repeats)
-                found = tables(widgets.store(), runs, sets.sets)
+                found = tables(widgets.store(), runs, sets)
             greedy = widgets.store().traces(runs.baseline)
             arms = {
-                draft_label(s.draft): clip_results(greedy, widgets.store().traces(r), sets.sets)
+                draft_label(s.draft): clip_results(greedy, widgets.store().traces(r), sets)
                 for s, r in runs.cells.items()
             }
             st.session_state["checkpoints"] = {"cells": found.cells, "arms": arms, "rule": sets.rule}

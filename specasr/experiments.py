@@ -146,9 +146,11 @@ def stored_grid(store: Store, target: str) -> GridRuns | None:
 
 @dataclass(frozen=True)
 class Weighting:
-    """How clips are grouped before their metrics are averaged: each clip's set, and the rule that made them."""
+    """How clips are grouped before their metrics are averaged: each clip's evaluation set, the set it is weighted
+    in, and the rule that made them."""
 
-    sets: dict[str, str]  # clip hash -> the set whose metrics it counts in
+    sets: dict[str, str]  # clip hash -> its evaluation set
+    groups: dict[str, str]  # clip hash -> the set whose metrics it counts in
     rule: str  # in words, with each set's size
 
 
@@ -164,12 +166,12 @@ def weighting(sets: dict[str, str], minimum: int = MIN_SET_CLIPS) -> Weighting:
     listed = ", ".join(f"{name} ({sizes[name]})" for name in large)
     if len(large) + (merged >= minimum) < 2 or 0 < merged < minimum:
         why = f"sets under {minimum} clips: {', '.join(small)} ({merged} clips)" if small else "one set"
-        return Weighting(dict.fromkeys(sets, "all"), f"pooled over all {len(sets)} clips as one set ({why})")
+        return Weighting(sets, dict.fromkeys(sets, "all"), f"pooled over all {len(sets)} clips as one set ({why})")
     if not small:
-        return Weighting(dict(sets), f"sets of at least {minimum} clips weighted equally: {listed}")
+        return Weighting(sets, sets, f"sets of at least {minimum} clips weighted equally: {listed}")
     group = f"{len(small)} smaller sets"
     rule = f"sets of at least {minimum} clips weighted equally: {listed}, {group} merged ({merged} clips)"
-    return Weighting({clip: group if name in small else name for clip, name in sets.items()}, rule)
+    return Weighting(sets, {clip: group if name in small else name for clip, name in sets.items()}, rule)
 
 
 def _clips(run: DecodedRun) -> set[str]:
@@ -212,6 +214,7 @@ class ClipResult:
 
     trace: Trace  # the first repetition
     subset: str  # the clip's evaluation set
+    group: str  # the set it is weighted in (`weighting`)
     decode: float  # seconds, median over repetitions
     total: float
     greedy_decode: float
@@ -219,9 +222,9 @@ class ClipResult:
     lossless: bool  # every repetition gave the greedy tokens
 
 
-def clip_results(baseline: list[Trace], traces: list[Trace], sets: dict[str, str] | None = None) -> list[ClipResult]:
-    """A cell's clips in the baseline's order, each with its repetitions' medians; `sets` maps a clip hash to its
-    evaluation set (one set where it is not given)."""
+def clip_results(baseline: list[Trace], traces: list[Trace], weights: Weighting | None = None) -> list[ClipResult]:
+    """A cell's clips in the baseline's order, each with its repetitions' medians and its sets (one set for all where
+    `weights` is not given)."""
     cell = _by_clip(traces)
     results = []
     for clip_hash, greedy in _by_clip(baseline).items():
@@ -231,7 +234,8 @@ def clip_results(baseline: list[Trace], traces: list[Trace], sets: dict[str, str
         results.append(
             ClipResult(
                 trace=repeats[0],
-                subset=(sets or {}).get(clip_hash, "all"),
+                subset=weights.sets[clip_hash] if weights else "all",
+                group=weights.groups[clip_hash] if weights else "all",
                 decode=statistics.median(t.timings.decode for t in repeats),
                 total=statistics.median(t.timings.total for t in repeats),
                 greedy_decode=statistics.median(t.timings.decode for t in greedy),
@@ -301,7 +305,7 @@ Columns = tuple[list[dict[str, np.ndarray]], list[str]]  # each arm's clip colum
 
 def _columns(*arms: list[ClipResult]) -> Columns:
     """The arms' clip columns, built once for every metric taken of them (the arms hold the same clips)."""
-    return [clip_columns(arm) for arm in arms], [r.subset for r in arms[0]]
+    return [clip_columns(arm) for arm in arms], [r.group for r in arms[0]]
 
 
 def _interval(statistic: Callable[..., np.ndarray], columns: Columns) -> Interval:
@@ -575,13 +579,34 @@ class Tables:
     outcomes: pd.DataFrame
     runtime: pd.DataFrame
     sweep: pd.DataFrame
+    cells_by_set: pd.DataFrame  # the cells, each evaluation set on its own (Tables 1, 6)
+    outcomes_by_set: pd.DataFrame  # Table 10, each set on its own
+    runtime_by_set: pd.DataFrame  # Table 16, each set on its own
 
 
-def tables(store: Store, runs: GridRuns, sets: dict[str, str] | None = None) -> Tables:
-    """The paper's tables from the stored runs; `sets` maps clip hashes to evaluation sets."""
+def by_set(
+    results: dict[Settings, list[ClipResult]], table: Callable[[dict[Settings, list[ClipResult]]], pd.DataFrame]
+) -> pd.DataFrame:
+    """`table` computed on each evaluation set's clips alone, the set's rows first in its name and clip count."""
+    frames = []
+    for name in sorted({r.subset for rows in results.values() for r in rows}):
+        subset = {settings: [r for r in rows if r.subset == name] for settings, rows in results.items()}
+        frame = table({settings: rows for settings, rows in subset.items() if rows})
+        clips = len({r.trace.clip_hash for rows in subset.values() for r in rows})
+        frames.append(frame.assign(set=name, set_clips=clips)[["set", "set_clips", *frame.columns]])
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def tables(store: Store, runs: GridRuns, weights: Weighting | None = None) -> Tables:
+    """The paper's tables from the stored runs, metrics weighted over evaluation sets as `weights` says (one set for
+    all where it is not given), and the tables the paper gives set by set."""
     greedy = store.traces(runs.baseline)
-    results = {settings: clip_results(greedy, store.traces(run_id), sets) for settings, run_id in runs.cells.items()}
-    cells = pd.DataFrame([asdict(cell(settings, runs.cells[settings], rows)) for settings, rows in results.items()])
+    results = {settings: clip_results(greedy, store.traces(run_id), weights) for settings, run_id in runs.cells.items()}
+
+    def cell_table(results: dict[Settings, list[ClipResult]]) -> pd.DataFrame:
+        return pd.DataFrame([asdict(cell(settings, runs.cells[settings], rows)) for settings, rows in results.items()])
+
+    cells = cell_table(results)
     half_width = next(iter(runs.cells), Settings()).half_width_ms
     return Tables(
         cells=cells,
@@ -590,4 +615,7 @@ def tables(store: Store, runs: GridRuns, sets: dict[str, str] | None = None) -> 
         outcomes=outcome_table(results),
         runtime=runtime_table(results),
         sweep=sweep_table(cells),
+        cells_by_set=by_set(results, cell_table),
+        outcomes_by_set=by_set(results, outcome_table),
+        runtime_by_set=by_set(results, runtime_table),
     )

@@ -128,10 +128,14 @@ def test_cells_and_contrasts_equal_a_hand_computation(hand_grid):
 
 def test_evaluation_sets_are_weighted_equally(hand_grid):
     store, runs = hand_grid
-    found = tables(store, runs, {"hash-u": "A", "hash-v": "B"})
+    found = tables(store, runs, weighting({"hash-u": "A", "hash-v": "B"}, minimum=1))
     control = found.cells.set_index("draft").loc["control"]
     # u (set A): rounds 4, 1 -> L = 5/2, a2c = 1/2; v (set B): round 2 -> L = 2, a2c = 1
     assert control["L"] == pytest.approx((5 / 2 + 2) / 2) and control.a2c == pytest.approx((1 / 2 + 1) / 2)
+    by_set = found.cells_by_set.set_index(["draft", "set"])
+    assert by_set.loc[("control", "A"), "L"] == pytest.approx(5 / 2) and by_set.loc[("control", "B"), "L"] == 2
+    assert by_set.loc[("control", "A"), "a2c"] == pytest.approx(1 / 2) and (by_set.set_clips == 1).all()
+    assert by_set.loc[("no-audio", "B"), "decode_speedup"] == pytest.approx(1.0 / 1.5)  # v: greedy 1.0 s, 1.5 s
     # total time: u 3.0 / 2.0, v 2.0 / 2.0
     assert control.total_speedup == pytest.approx((1.5 + 1.0) / 2)
     no_audio_L = (3 / 4 + 1 / 2) / 2
@@ -211,7 +215,10 @@ def test_outcome_and_runtime_tables_against_hand_computation(runtime_grid):
 
 
 def test_runtime_table_weights_evaluation_sets_equally(runtime_grid):
-    row = tables(*runtime_grid, {"hash-u": "A", "hash-v": "B"}).runtime.iloc[0]
+    found = tables(*runtime_grid, weighting({"hash-u": "A", "hash-v": "B"}, minimum=1))
+    row = found.runtime.iloc[0]
+    by_set = found.runtime_by_set.set_index("set")
+    assert by_set.loc["A", "d_L"] == pytest.approx(1 - 1 / 3) and by_set.loc["B", "d_L"] == pytest.approx(3 - 2)
     # uncorrected L: u (A) 1/3, v (B) 2 -> 7/6; corrected: u 1, v 3 -> 2
     assert row.d_L == pytest.approx(2 - 7 / 6) and row.gross == pytest.approx((2 - 7 / 6) / (1 + 7 / 6))
     # added per round: u 0.05 s verification + 4 x 0.01 / 4 s draft, v 0.1 s verification; in verifications of 0.2 s
@@ -268,13 +275,13 @@ def test_small_evaluation_sets_are_not_weighted_as_sets_of_their_own():
     names = ["a"] * 35 + ["b"] * 35 + ["c"] * 4 + ["d"] * 2 + ["e", "f"]  # ../shared/data/speech's every second clip
     developer_set = {f"c{i}": name for i, name in enumerate(names)}
     pooled = weighting(developer_set)  # 8 clips in four small sets make no set of 20 even merged
-    assert set(pooled.sets.values()) == {"all"}
+    assert set(pooled.groups.values()) == {"all"} and pooled.sets == developer_set
     assert pooled.rule == "pooled over all 78 clips as one set (sets under 20 clips: c, d, e, f (8 clips))"
     merged = weighting(developer_set, minimum=5)
-    assert Counter(merged.sets.values()) == {"a": 35, "b": 35, "4 smaller sets": 8}
+    assert Counter(merged.groups.values()) == {"a": 35, "b": 35, "4 smaller sets": 8}
     assert merged.rule == "sets of at least 5 clips weighted equally: a (35), b (35), 4 smaller sets merged (8 clips)"
-    assert weighting(developer_set, minimum=1).sets == developer_set
-    assert set(weighting({"c1": "a", "c2": "a"}, minimum=1).sets.values()) == {"all"}  # one set: nothing to weigh
+    assert weighting(developer_set, minimum=1).groups == developer_set
+    assert set(weighting({"c1": "a", "c2": "a"}, minimum=1).groups.values()) == {"all"}  # one set: nothing to weigh
 
 
 def test_a_grid_runs_once_and_resumes_without_duplicates(sample_clips, tmp_path):
