@@ -117,6 +117,7 @@ def test_checkpoints_page_compares_two_drafts():
     assert set(cells.draft) == {"anchordraft", "random"} and (cells.clips == 1).all()
     differences = frame_with(app, "name", "metric", "estimate")
     assert set(differences.name) == {"random-anchordraft"} and {"a1", "L"} <= set(differences.metric)
+    assert any(c.value.startswith("pooled over all 1 clips as one set") for c in app.caption)  # the set rule, said
 
 
 @pytest.fixture
