@@ -70,21 +70,22 @@ class WindowPolicy:
         self.reference = list(reference or [])[: self.tokens]
         self.frames = valid_frames
         self.valid_frames.fill_(valid_frames)
+        self._peaks.zero_()
         if self.kind == "random":
             generator = torch.Generator(self.device).manual_seed(0)
             self._table.copy_(torch.randint(valid_frames, (self.tokens,), generator=generator, device=self.device))
-        else:
+        elif self.kind in TABLE_WINDOWS:
             table = [NO_WINDOW if f is None else self._clip(f + self.shift) for f in self.reference]
             self._table.copy_(torch.tensor(table + [NO_WINDOW] * (self.tokens - len(table))))
-        known = [(j, f) for j, f in enumerate(self.reference) if f is not None]
-        self._first_known.copy_(torch.tensor(known[0] if known else (NO_WINDOW, NO_WINDOW)))
-        last, before = [], (NO_WINDOW, NO_WINDOW)
-        for count in range(self.tokens + 1):
-            last.append(before)
-            if count < len(self.reference) and self.reference[count] is not None:
-                before = (count, self.reference[count])
-        self._last_known.copy_(torch.tensor(last).T)
-        self._peaks.zero_()
+        elif self.kind == "pointer":  # the other windows read none of these tables
+            known = [(j, f) for j, f in enumerate(self.reference) if f is not None]
+            self._first_known.copy_(torch.tensor(known[0] if known else (NO_WINDOW, NO_WINDOW)))
+            last, before = [], (NO_WINDOW, NO_WINDOW)
+            for count in range(self.tokens + 1):
+                last.append(before)
+                if count < len(self.reference) and self.reference[count] is not None:
+                    before = (count, self.reference[count])
+            self._last_known.copy_(torch.tensor(last).T)
 
     def _clip(self, frame: float) -> int:
         return int(min(max(round(frame), 0), self.frames - 1))
