@@ -12,6 +12,7 @@ import json
 import math
 import os
 from collections import Counter
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
@@ -23,7 +24,15 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from specasr.cache import atomic_directory
-from specasr.draft import Draft, DraftConfig, last_target_layer, load_draft, save_draft, start_from_target_layer
+from specasr.draft import (
+    Draft,
+    DraftConfig,
+    DraftOutput,
+    last_target_layer,
+    load_draft,
+    save_draft,
+    start_from_target_layer,
+)
 from specasr.targets import Target
 from specasr.trainset import SENTENCES, Example
 
@@ -95,30 +104,47 @@ def with_feature_noise(batch: Batch, scale: Tensor, generator: torch.Generator) 
     return replace(batch, input_features=batch.features + scale * noise)
 
 
-def unrolled_loss(
-    draft: Draft, batch: Batch, depths: int, anchor_weight: float, sigma: float, feature_weight: float = 0.5
-) -> LossParts:
-    """Token cross-entropy + feature smooth-L1 + anchor loss, averaged over the unrolled depths.
+def unroll(
+    draft: Draft, batch: Batch, depths: int, audio_masks: Sequence[Tensor] | None = None
+) -> Iterator[DraftOutput]:
+    """The draft's outputs at depths 1..`depths`, every position at once: at depth j, position t is step j of the
+    chain that restarted at position t - j + 1.
 
-    Depth 1 reads `batch.input_features`; every depth regresses onto the clean next features. sigma is in frames.
+    Depth 1 reads `batch.input_features`; a later depth reads what the one before predicted at t - 1, with the
+    token `batch.inputs` holds. audio_masks[j - 1]: (B | 1, T | 1, frames) the frames depth j may attend; the
+    valid ones where not given.
     """
     length = batch.inputs.shape[1]
     device = batch.inputs.device
     positions = torch.arange(length, device=device)
-    real = positions[None, :] < batch.lengths[:, None]
     audio = draft.audio_memory(batch.memory) if draft.config.audio else None
-    audio_mask = (torch.arange(batch.memory.shape[1], device=device) < batch.valid_frames[:, None])[:, None, :]
+    valid = (torch.arange(batch.memory.shape[1], device=device) < batch.valid_frames[:, None])[:, None, :]
     keys, values = [], []
     features = batch.input_features
-    next_features = batch.features[:, 1:]
-    token_losses, feature_losses, anchor_losses = [], [], []
     for depth in range(1, depths + 1):
         x = draft.embed(features, batch.inputs, positions)
         q, k, v = draft.self_qkv(x)
         keys.append(k)
         values.append(v)
         mask = _chain_mask(depth, length, device)
+        audio_mask = valid if audio_masks is None else audio_masks[depth - 1]
         out = draft.block(x, q, torch.cat(keys, dim=2), torch.cat(values, dim=2), mask, audio, audio_mask)
+        yield out
+        features = torch.cat([torch.zeros_like(out.features[:, :1]), out.features[:, :-1]], dim=1)
+
+
+def unrolled_loss(
+    draft: Draft, batch: Batch, depths: int, anchor_weight: float, sigma: float, feature_weight: float = 0.5
+) -> LossParts:
+    """Token cross-entropy + feature smooth-L1 + anchor loss, averaged over the unrolled depths.
+
+    Every depth regresses onto the clean next features. sigma is in frames.
+    """
+    positions = torch.arange(batch.inputs.shape[1], device=batch.inputs.device)
+    real = positions[None, :] < batch.lengths[:, None]
+    next_features = batch.features[:, 1:]
+    token_losses, feature_losses, anchor_losses = [], [], []
+    for depth, out in enumerate(unroll(draft, batch, depths), start=1):
         # A depth-j step exists only from position j - 1 on; earlier rows see no keys of their own chain.
         targets = batch.targets.masked_fill(positions[None, :] < depth - 1, -100)
         token_losses.append(F.cross_entropy(draft.logits(out.hidden).transpose(1, 2).float(), targets))
@@ -130,8 +156,6 @@ def unrolled_loss(
         if out.attention is not None and anchor_weight > 0:
             frames = batch.frames.masked_fill(positions[None, :] < depth - 1, -1)
             anchor_losses.append(anchor_loss(out.attention, frames, batch.valid_frames, sigma))
-        # The next depth reads at position t what this depth predicted at t - 1.
-        features = torch.cat([torch.zeros_like(out.features[:, :1]), out.features[:, :-1]], dim=1)
     token = torch.stack(token_losses).mean()
     feature = torch.stack(feature_losses).mean()
     anchor = torch.stack(anchor_losses).mean() if anchor_losses else token.new_zeros(())
