@@ -489,7 +489,7 @@ def cmd_train(args: argparse.Namespace) -> None:
         raise UsageError(str(error)) from error
     aligner = get_aligner(args.aligner)
     target = load_target(args.target, args.device, args.dtype)
-    sources = training_sources(args.real, args.real_2, args.espeak, args.hibari, args.seed)
+    sources = training_sources(args.real, args.real_2, args.espeak, args.hibari, args.data_seed)
     rank, _ = distributed()
     if rank == 0:  # one process fills the feature cache; under torchrun the others wait, then read it
         examples = prepare_examples(target, sources, aligner)
@@ -502,7 +502,7 @@ def cmd_train(args: argparse.Namespace) -> None:
         return
     out = args.out or cache_dir() / "drafts" / target.folder_name / config.variant
     described = {source.name: {**source.settings, "count": source.count} for source in sources}
-    draft = train(target, examples, config, out, data_hash(examples), described)
+    draft = train(target, examples, config, out, data_hash(examples), described, args.every_epoch)
     if rank == 0:
         print(f"{draft.name} trained on {len(examples)} examples; saved in {out}")
 
@@ -612,8 +612,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--espeak", type=int, default=400, help="espeak-ng sentences from ../shared/data/text")
     p.add_argument("--hibari", type=int, default=200, help="hibari-tts sentences from ../shared/data/text")
     p.add_argument("--aligner", default="pocketsphinx", choices=list(ALIGNERS))
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="the draft's initialisation, batch order and feature noise")
+    p.add_argument(
+        "--data-seed", type=int, default=0, help="which clips and sentences: drafts of one data seed share a cache"
+    )
     p.add_argument("--out", type=Path, default=None, help="default: cache/drafts/TARGET/VARIANT")
+    p.add_argument(
+        "--every-epoch", action="store_true", help="also keep each epoch's draft in OUT/epoch-N (choose where to stop)"
+    )
     p.add_argument("--prepare-only", action="store_true", help="build the feature cache and stop")
     p.set_defaults(run=cmd_train)
 

@@ -343,14 +343,14 @@ def random_draft(
     return Draft(DraftConfig.for_target(target, audio=audio, **overrides)).attach(target, dtype).eval()
 
 
-def save_draft(draft: Draft, path: Path, dtype: torch.dtype = torch.float16) -> None:
-    """The draft's own weights as safetensors plus its config as JSON (never the target's weights)."""
+def save_draft(draft: Draft, path: Path, dtype: torch.dtype = torch.float16, config: DraftConfig | None = None) -> None:
+    """The draft's own weights as safetensors plus its config (or `config`) as JSON (never the target's weights)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     save_file(
         {k: v.detach().to(dtype).cpu().contiguous() for k, v in draft.state_dict().items()}, path / "draft.safetensors"
     )
-    (path / "config.json").write_text(json.dumps(asdict(draft.config), indent=2))
+    (path / "config.json").write_text(json.dumps(asdict(config or draft.config), indent=2))
 
 
 def load_draft(path: Path, target: Target, dtype: torch.dtype | None = None) -> Draft:

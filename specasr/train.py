@@ -275,9 +275,11 @@ def train(
     out: Path,
     data_hash: str,
     sources: dict | None = None,
+    every_epoch: bool = False,
 ) -> Draft:
-    """Train one draft on cached examples and save it (and a resumable state) in `out` after every epoch.
-    `data_hash` and `sources` (each data source's settings) are recorded in the checkpoint with the config."""
+    """Train one draft on cached examples and save it (and a resumable state) in `out` after every epoch, and with
+    `every_epoch` each epoch's draft in out/epoch-N too. `data_hash` and `sources` (each data source's settings) are
+    recorded in the checkpoint with the config."""
     rank, world = distributed()
     device = target.device
     torch.manual_seed(config.seed)
@@ -331,6 +333,9 @@ def train(
             with atomic_directory(out / "resume") as scratch:
                 save_draft(draft, scratch, dtype=torch.float32)
                 torch.save({"epoch": epoch + 1, "optimizer": optimizer.state_dict()}, scratch / "state.pt")
+            if every_epoch:
+                stopped = replace(draft.config, training={**settings, "stopped_after": epoch + 1})
+                save_draft(draft, out / f"epoch-{epoch + 1}", config=stopped)
     if rank == 0:
         save_draft(draft, out)  # float16: the draft's own weights only
     return draft.eval()

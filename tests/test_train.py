@@ -180,7 +180,7 @@ def test_training_is_deterministic_and_resumes_where_it_stopped(examples, tiny_e
         variant="anchordraft", epochs=3, batch_size=2, unroll=2, taps=(2, 4), ffn_dim=64, draft_vocab=256, seed=3
     )
     sources = {"train-speech": {"count": 2}, "espeak": {"count": 2, "seed": 0}}
-    straight = training.train(tiny_en, examples[:4], config, tmp_path / "a", data_hash="test", sources=sources)
+    straight = training.train(tiny_en, examples[:4], config, tmp_path / "a", "test", sources, every_epoch=True)
 
     calls, forward = [], training.Objective.forward
 
@@ -198,6 +198,10 @@ def test_training_is_deterministic_and_resumes_where_it_stopped(examples, tiny_e
     monkeypatch.setattr(training.Objective, "forward", forward)
     resumed = training.train(tiny_en, examples[:4], config, tmp_path / "b", data_hash="test", sources=sources)
     assert resumed.weights_hash() == straight.weights_hash()
+    last = load_draft(tmp_path / "a" / "epoch-3", tiny_en)
+    assert last.weights_hash() == load_draft(tmp_path / "a", tiny_en).weights_hash()
+    assert last.config.training["stopped_after"] == 3 and "stopped_after" not in straight.config.training
+    assert load_draft(tmp_path / "a" / "epoch-1", tiny_en).weights_hash() != last.weights_hash()
 
     saved = load_draft(tmp_path / "a", tiny_en)
     assert saved.config.variant == "anchordraft" and len(saved.config.vocab_ids) == 256
