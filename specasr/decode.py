@@ -82,31 +82,41 @@ class Decoded:
     rounds: list[Round] = field(default_factory=list)
     steps: list[DraftStep] = field(default_factory=list)
     verified: list[VerifiedToken] = field(default_factory=list)
+    runtime_peaks: list[int] = field(default_factory=list)  # a runtime window's readout, a frame per token
 
 
 class SegmentRows:
     """A segment's transcript and trace rows in clip coordinates, built from what a loop read back from the device."""
 
     def __init__(
-        self, target: Target, origin: Origin, verify_peaks: bool, layers: int, policy: WindowPolicy | None = None
+        self,
+        target: Target,
+        origin: Origin,
+        verify_peaks: bool,
+        layers: int,
+        policy: WindowPolicy | None = None,
+        readout: int | None = None,
     ):
+        """readout: which of the `layers` attention layers a runtime window reads (`readout_column`), or None."""
         self.eot, self.origin, self.policy = target.eot, origin, policy
-        self.verify_peaks, self.layers = verify_peaks, layers
+        self.verify_peaks, self.layers, self.readout = verify_peaks, layers, readout
         self.result = Decoded([])
         self.tokens = self.result.tokens
 
     def verified(self, new: list[int], peaks: list[int]) -> bool:
         """Tokens `new` follow the transcript (the last may be end-of-text); `peaks` holds, row by row, the frame each
         attention layer peaked at while predicting them. Whether the transcript ended."""
-        if self.verify_peaks:
-            start, n = self.origin.token + len(self.tokens), self.layers
-            self.result.verified += [
-                VerifiedToken(start + i, token, [p + self.origin.frame for p in peaks[i * n : (i + 1) * n]])
-                for i, token in enumerate(new)
-                if token != self.eot
-            ]
         finished = new[-1] == self.eot
-        self.tokens += new[:-1] if finished else new
+        taken = new[:-1] if finished else new
+        start, n, frame = self.origin.token + len(self.tokens), self.layers, self.origin.frame
+        if self.verify_peaks:
+            self.result.verified += [
+                VerifiedToken(start + i, token, [p + frame for p in peaks[i * n : (i + 1) * n]])
+                for i, token in enumerate(taken)
+            ]
+        if self.readout is not None:
+            self.result.runtime_peaks += [peaks[i * n + self.readout] + frame for i in range(len(taken))]
+        self.tokens += taken
         return finished
 
     def round(
@@ -220,6 +230,7 @@ class _SpeculativeLoop:
         self.target, self.draft, self.settings = target, draft, settings
         self.device = memory.device
         self.runtime_layer, self.attention_layers = attention_layers(target, settings)
+        self.readout = readout_column(settings, self.runtime_layer, self.attention_layers)
         capacity = target.max_length + settings.k + 1  # the last block may run past the length limit
         self.policy = WindowPolicy(
             settings.window,
@@ -230,7 +241,9 @@ class _SpeculativeLoop:
             self.device,
             capacity + settings.k,
         )
-        self.rows = SegmentRows(target, origin, settings.verify_peaks, len(self.attention_layers), self.policy)
+        self.rows = SegmentRows(
+            target, origin, settings.verify_peaks, len(self.attention_layers), self.policy, self.readout
+        )
         self.stopwatch = Stopwatch(self.device)
         self.stops_early = settings.threshold > 0 and self.device.type in FREE_READ_DEVICES
         self.target_cache = target.new_cache(memory, capacity)
@@ -249,9 +262,8 @@ class _SpeculativeLoop:
 
     def _observe(self, peaks: Tensor, verified: int, new: int) -> None:
         """The runtime windows' centres follow the verification peaks of the `new` tokens after `verified`."""
-        if self.settings.window in RUNTIME_WINDOWS:
-            layer = self.attention_layers.index(self.runtime_layer)
-            self.policy.observe_verified(verified, peaks[:new, layer])
+        if self.readout is not None:
+            self.policy.observe_verified(verified, peaks[:new, self.readout])
 
     def run(self, on_round: Callable[[Round], None] | None = None) -> Decoded:
         target, tokens = self.target, self.rows.tokens
@@ -350,3 +362,9 @@ def attention_layers(target: Target, settings: Settings) -> tuple[int, tuple[int
     if settings.verify_peaks:
         return layer, tuple(range(target.n_layers))
     return layer, (layer,) if settings.window in RUNTIME_WINDOWS else ()
+
+
+def readout_column(settings: Settings, runtime_layer: int, layers: tuple[int, ...]) -> int | None:
+    """Where the runtime layer's peaks sit among the `layers` a verification pass reads: the readout a runtime
+    window centres from and the trace keeps (`runtime_peaks`); None for the other windows."""
+    return layers.index(runtime_layer) if settings.window in RUNTIME_WINDOWS else None

@@ -16,12 +16,12 @@ from typing import TypeVar
 import torch
 from torch import Tensor
 
-from specasr.decode import Decoded, Origin, SegmentRows, Stopwatch, attention_layers
+from specasr.decode import Decoded, Origin, SegmentRows, Stopwatch, attention_layers, readout_column
 from specasr.draft import Draft
 from specasr.targets import Target
 from specasr.targets.base import DecoderOutput, audio_peaks
 from specasr.trace import Round, Settings
-from specasr.windows import NO_WINDOW, RUNTIME_WINDOWS, WindowPolicy
+from specasr.windows import NO_WINDOW, WindowPolicy
 
 GRAPH_DEVICES = ("cuda",)  # where steps are captured; elsewhere they run eagerly over the same tensors
 Steps = TypeVar("Steps")
@@ -227,7 +227,7 @@ class RoundSteps:
         device, frames, k = memory.device, memory.shape[1], settings.k
         self.target, self.draft, self.k, self.threshold = target, draft, k, settings.threshold
         self.runtime_layer, self.layers = attention_layers(target, settings)
-        self.runtime = settings.window in RUNTIME_WINDOWS
+        self.readout = readout_column(settings, self.runtime_layer, self.layers)
         self.keep_attention = settings.keep_attention
         rows = max(k + 1, len(target.prompt))  # a catch-up after the prompt's pass or after a verification
         capacity = target.max_length + rows  # padding rows may run past the length limit
@@ -269,8 +269,8 @@ class RoundSteps:
         return audio_peaks(out.audio_attention, self.policy.valid_frames)
 
     def _observe(self, first: int | Tensor, peaks: Tensor) -> None:
-        if self.runtime:
-            self.policy.observe_verified(first, peaks[:, self.layers.index(self.runtime_layer)])
+        if self.readout is not None:
+            self.policy.observe_verified(first, peaks[:, self.readout])
 
     def _first(self) -> None:
         """The prompt's pass: the first token, and the rows the draft catches up on first."""
@@ -417,7 +417,7 @@ def speculative(
     with torch.inference_mode():
         steps = round_steps(captured, target, draft, memory, settings)
         steps.load(memory, valid_frames, reference)
-        rows = SegmentRows(target, origin, settings.verify_peaks, len(steps.layers), steps.policy)
+        rows = SegmentRows(target, origin, settings.verify_peaks, len(steps.layers), steps.policy, steps.readout)
         return steps.run(rows, on_round)
 
 

@@ -122,7 +122,7 @@ class Pipeline:
             with timer.phase("reference"):
                 reference = self.reference(clip, settings, windows, memories)
 
-        segments, tokens, rounds, steps, verified = [], [], [], [], []
+        segments, tokens, rounds, steps, verified, runtime_peaks = [], [], [], [], [], []
         for index, ((start, end), memory) in enumerate(zip(windows, memories, strict=True)):
             origin = Origin(index, target.frames(start), len(tokens), len(rounds))
             valid_frames = target.valid_frames(end - start)
@@ -146,6 +146,7 @@ class Pipeline:
             rounds += result.rounds
             steps += result.steps
             verified += result.verified
+            runtime_peaks += result.runtime_peaks
 
         texts = [target.decode_text(tokens[s.first_token : s.first_token + s.tokens]) for s in segments]
         return Trace(
@@ -164,6 +165,7 @@ class Pipeline:
             segments=segments,
             reference_frames=reference and reference.frames,
             reference_source=reference and reference.source,
+            runtime_peaks=runtime_peaks if settings.window in RUNTIME_WINDOWS else None,
             timings=timer.timings,
             rounds=rounds,
             steps=steps,

@@ -75,6 +75,9 @@ def default_db_path() -> Path:
 # ---------------------------------------------------------------------------------------------------------------------
 # Schema: an ordered list of migrations; a store's version is the number of them applied.
 
+# `runtime` became the centre that moves on with depth (what runtime-paced was); the one that stays is runtime-last.
+# Runs stored (or exported) before keep what they measured under the new names, renamed in this order.
+RENAMED_WINDOWS = (("runtime", "runtime-last"), ("runtime-paced", "runtime"))
 MIGRATIONS: list[list[str]] = [
     [
         "CREATE TABLE schema_version (application VARCHAR NOT NULL, version INTEGER NOT NULL)",
@@ -191,6 +194,10 @@ MIGRATIONS: list[list[str]] = [
     [  # whether our loops replayed captured steps; before, only CUDA's speculative rounds did
         """ALTER TABLE runs ADD COLUMN graphs BOOLEAN DEFAULT false""",
         """UPDATE runs SET graphs = device LIKE 'cuda%' AND draft IS NOT NULL AND decoder = 'specasr'""",
+    ],
+    [
+        *(f"""UPDATE runs SET "window" = '{new}' WHERE "window" = '{old}'""" for old, new in RENAMED_WINDOWS),
+        """ALTER TABLE decodes ADD COLUMN runtime_peaks INTEGER[]""",  # NULL for runs stored before it was kept
     ],
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -500,6 +507,10 @@ class Store:
             for table, path in sources.items():
                 columns = [c[0] for c in con.execute(f"SELECT * FROM {_parquet(path)} LIMIT 0").description]
                 self._insert_select(con, table, _parquet(path), columns)
+                if table == "decodes" and "runtime_peaks" not in columns:  # exported before the windows' renaming
+                    for old, new in RENAMED_WINDOWS:
+                        rename = 'UPDATE runs SET "window" = ? WHERE "window" = ? AND list_contains(?, run_id)'
+                        con.execute(rename, [new, old, run_ids])
         return run_ids
 
     # Queries: metrics from the stored rows, through the functions of metrics.py

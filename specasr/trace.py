@@ -179,6 +179,8 @@ class Trace:
     segments: list[Segment] = field(default_factory=list)
     reference_frames: list[int | None] | None = None  # one per transcript token
     reference_source: str | None = None  # the aligner that made the reference frames, or "file"
+    # A runtime window's readout: the verification peak at its layer (clip frame) per transcript token; else None.
+    runtime_peaks: list[int] | None = None
     timings: Timings = field(default_factory=Timings)
     rounds: list[Round] = field(default_factory=list)
     steps: list[DraftStep] = field(default_factory=list)

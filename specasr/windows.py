@@ -1,17 +1,19 @@
 """Window conditions on the draft's audio cross-attention: where each step's window is centred, and its mask.
 
 All restricted conditions share one half-width; only the centre moves. The runtime conditions' positions are
-handed in by the loop (the target's verification attention peak of each verified token), never read here.
+handed in by the loop (the target's verification attention peak of each verified token), never read here: `runtime`
+(paper D.2) moves the last verified token's peak on with depth at the pace of the recent peaks; `runtime-last`, an
+ablation, holds it still, so its centre lags the words further at every depth.
 """
 
 import torch
 from torch import Tensor
 
-WINDOWS = ("unrestricted", "correct", "shift", "random", "pointer", "runtime", "runtime-paced")
+WINDOWS = ("unrestricted", "correct", "shift", "random", "pointer", "runtime", "runtime-last")
 REFERENCE_WINDOWS = ("correct", "shift", "pointer")  # the ones centred from reference frames
-RUNTIME_WINDOWS = ("runtime", "runtime-paced")  # the ones centred from verification attention
+RUNTIME_WINDOWS = ("runtime", "runtime-last")  # the ones centred from verification attention
 TABLE_WINDOWS = ("correct", "shift", "random")  # a centre per transcript token, known before decoding
-PACE_TOKENS = 8  # recent verified tokens whose peaks set runtime-paced's frames per token
+PACE_TOKENS = 8  # recent verified tokens whose peaks set the runtime window's frames per token
 SHIFT_SECONDS = 0.5
 NO_WINDOW = -1
 TOKENS = 1024  # transcript tokens a policy holds centres and peaks for, unless told
@@ -115,9 +117,9 @@ class WindowPolicy:
             found = self._extrapolate(first_token, first_frame, last_token, last_frame, tokens)
             return torch.where(last_token >= 0, found, none)
         last = (verified - 1).clamp(min=0)
-        if self.kind == "runtime":
+        if self.kind == "runtime-last":
             return torch.where(verified > 0, self._peaks[last], none)
-        start = (verified - PACE_TOKENS).clamp(min=0)  # runtime-paced: the pace of the last eight verified tokens
+        start = (verified - PACE_TOKENS).clamp(min=0)  # runtime: the pace of the last eight verified tokens
         found = self._extrapolate(start, self._peaks[start], last, self._peaks[last], tokens)
         return torch.where(verified > 0, found, none)
 

@@ -12,7 +12,7 @@ from specasr import decode, graphs
 from specasr.decode import greedy, greedy_tokens, speculative
 from specasr.draft import Draft, random_draft
 from specasr.trace import Settings, Trace
-from specasr.windows import NO_WINDOW, WINDOWS, WindowPolicy
+from specasr.windows import NO_WINDOW, RUNTIME_WINDOWS, WINDOWS, WindowPolicy
 from tests.conftest import random_prefix_target, random_whisper_target
 
 
@@ -87,6 +87,8 @@ def test_speculative_equals_greedy_on_random_models(
     assert len(tokens) <= 1 + sum(r.accepted + 1 for r in rounds)  # the first token comes from the prompt pass
     assert all(1 <= len(r.proposed) <= k for r in rounds[:-1])
     assert [v.token for v in verified] == tokens
+    readout = [v.verify_peaks[runtime_layer] for v in verified] if window in RUNTIME_WINDOWS else []
+    assert result.runtime_peaks == readout
     assert all(target.eot not in r.proposed[: r.accepted][:-1] for r in rounds)  # nothing accepted after the end
     assert len(steps) == sum(len(r.proposed) for r in rounds)
 
@@ -105,44 +107,60 @@ def test_random_models_exercise_partial_and_full_acceptance(family):
     assert {0, 4} <= accepted and accepted & {1, 2, 3}
 
 
-def test_runtime_paced_centre_moves_on_at_the_recent_frames_per_token():
-    paced = WindowPolicy("runtime-paced", 400.0, valid_frames=30, reference=None, frame_seconds=0.02)
-    assert paced.centres(0, 1, verified=0).tolist() == [NO_WINDOW]  # nothing verified yet
-    paced.observe_verified(0, torch.tensor([10]))
-    assert paced.centres(1, 1, verified=1).tolist() == [10]  # one peak: no pace yet
-    paced.observe_verified(1, torch.tensor([12, 14, 17]))  # tokens 0..3 at frames 10, 12, 14, 17: 7/3 per token
-    # Depths 1..6 predict tokens 4..9: 17 + 7/3 * depth, rounded, clipped to the 30 valid frames.
-    assert paced.centres(4, 6, verified=4).tolist() == [19, 22, 24, 26, 29, 29]
+def test_runtime_centre_moves_on_with_depth_at_the_recent_frames_per_token():
     runtime = WindowPolicy("runtime", 400.0, valid_frames=30, reference=None, frame_seconds=0.02)
-    runtime.observe_verified(0, torch.tensor([10, 12, 14, 17]))
-    assert runtime.centres(4, 6, verified=4).tolist() == [17] * 6
+    assert runtime.centres(0, 1, verified=0).tolist() == [NO_WINDOW]  # nothing verified yet
+    runtime.observe_verified(0, torch.tensor([10]))
+    assert runtime.centres(1, 1, verified=1).tolist() == [10]  # one peak: no pace yet
+    runtime.observe_verified(1, torch.tensor([12, 14, 17]))  # tokens 0..3 at frames 10, 12, 14, 17: 7/3 per token
+    # Depths 1..6 predict tokens 4..9: the last peak 17 + 7/3 x depth, rounded, clipped to the 30 valid frames.
+    assert runtime.centres(4, 6, verified=4).tolist() == [19, 22, 24, 26, 29, 29]
+    last = WindowPolicy("runtime-last", 400.0, valid_frames=30, reference=None, frame_seconds=0.02)
+    last.observe_verified(0, torch.tensor([10, 12, 14, 17]))
+    assert last.centres(4, 6, verified=4).tolist() == [17] * 6  # the ablation stays at the last peak
 
 
-def test_runtime_paced_reads_its_pace_from_the_last_eight_verified_tokens():
-    paced = WindowPolicy("runtime-paced", 400.0, valid_frames=100, reference=None, frame_seconds=0.02)
-    paced.observe_verified(0, torch.tensor([50, 50, 50, 50]))
-    paced.observe_verified(4, torch.tensor([5, 6, 7, 8, 9, 10, 11, 12]))  # the last eight: one frame per token
-    assert paced.centres(12, 1, verified=12).tolist() == [13]
+def test_runtime_reads_its_pace_from_the_last_eight_verified_tokens():
+    runtime = WindowPolicy("runtime", 400.0, valid_frames=100, reference=None, frame_seconds=0.02)
+    runtime.observe_verified(0, torch.tensor([50, 50, 50, 50]))
+    runtime.observe_verified(4, torch.tensor([5, 6, 7, 8, 9, 10, 11, 12]))  # the last eight: one frame per token
+    assert runtime.centres(12, 3, verified=12).tolist() == [13, 14, 15]
 
 
-def test_runtime_paced_centres_follow_the_verification_peaks_of_the_loop():
-    """Every draft step's recorded centre is the last verified peak + pace * depth, from the rows the loop kept."""
+@pytest.mark.parametrize("captured", [False, True])
+def test_runtime_centres_follow_the_verification_peaks_of_the_loop(captured):
+    """Every draft step's recorded centre is the last verified peak + pace x depth, from the peaks the loop read at
+    the runtime layer, which the loop keeps (`runtime_peaks`) beside every layer's."""
     target = random_whisper_target(seed=3, layers=2, heads=2, vocab_size=8, max_length=40, init_std=0.5)
     memory = torch.randn(1, 40, target.d_model, generator=torch.Generator().manual_seed(3))
     draft = always_propose(random_draft(target, seed=3), token=3)
     valid_frames, layer = 40, 1
-    settings = Settings(draft="random", k=4, window="runtime-paced", runtime_layer=layer)
-    result = speculative(target, draft, memory, valid_frames, settings)
+    settings = Settings(draft="random", k=4, window="runtime", runtime_layer=layer)
+    result = (graphs.speculative if captured else speculative)(target, draft, memory, valid_frames, settings)
     assert result.tokens == greedy_tokens(target, memory)
 
     peaks = [v.verify_peaks[layer] for v in result.verified]
+    assert result.runtime_peaks == peaks
     moved = 0
     for step in result.steps:
         recent = peaks[: result.rounds[step.round].start][-8:]
         pace = (recent[-1] - recent[0]) / (len(recent) - 1) if len(recent) > 1 else 0.0
         assert step.window_centre == min(max(round(recent[-1] + pace * step.depth), 0), valid_frames - 1)
         moved += step.depth > 1 and step.window_centre != recent[-1]
-    assert moved  # the case is only meaningful if some later step left the runtime centre
+    assert moved  # the case is only meaningful if some later step left the last peak
+
+
+def test_runtime_peaks_are_kept_without_every_layers_peaks():
+    """Without per-layer peaks the runtime windows still keep their own readout; other windows keep none."""
+    target = random_whisper_target(seed=3, layers=2, heads=2, vocab_size=8, max_length=40, init_std=0.5)
+    memory = torch.randn(1, 40, target.d_model, generator=torch.Generator().manual_seed(3))
+    draft = always_propose(random_draft(target, seed=3), token=3)
+    every_layer = speculative(target, draft, memory, 40, Settings(draft="random", k=4, window="runtime"))
+    for window in ("runtime", "runtime-last", "unrestricted"):
+        settings = Settings(draft="random", k=4, window=window, verify_peaks=False)
+        result = speculative(target, draft, memory, 40, settings)
+        assert result.verified == []
+        assert result.runtime_peaks == (every_layer.runtime_peaks if window != "unrestricted" else [])
 
 
 def _count_reads(monkeypatch) -> list[str]:

@@ -207,6 +207,12 @@ def test_traces_come_back_equal(store):
         store.run_summary([run, "nonesuch"])
 
 
+def test_a_runtime_windows_readout_comes_back(store):
+    settings = replace(SPECULATIVE, window="runtime")
+    trace = replace(speculative_trace("c1", [2, 1], settings), runtime_peaks=[3, 5, 8, 9])
+    assert store.traces(store.write_run([trace], "decode")) == [trace]
+
+
 def test_runs_written_side_by_side_share_a_batch(store):
     speculative, greedy = [speculative_trace("c1", [3, 1])], [greedy_trace()]
     pair = store.write_runs([(speculative, None), (greedy, None)], "bench")
@@ -371,7 +377,7 @@ def test_an_older_schema_is_migrated_on_open(tmp_path):
         _migrate(con, path, target=1)
         for table, frame in _run_frames("oldrun", [old], "decode", None).items():
             if table != "segments":
-                new_columns = ["decoder", "frame_seconds", "batch", "assistant", "graphs"]  # nor any later column
+                new_columns = ["decoder", "frame_seconds", "batch", "assistant", "graphs", "runtime_peaks"]  # nor later
                 con.register("frame", frame.drop(columns=new_columns, errors="ignore"))
                 con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM frame")
     store = Store(path)
@@ -383,6 +389,57 @@ def test_an_older_schema_is_migrated_on_open(tmp_path):
     # Its frames are read as 20 ms ones (only Whisper existed then), and a CPU run replayed no graphs.
     assert store.traces("oldrun") == [replace(old, settings=replace(old.settings, graphs=False))]
     assert [run.batch for run in store.decoded("decode")] == [None]
+
+
+def schema_7_frames(run_id: str, trace: Trace, window: str) -> dict[str, pd.DataFrame]:
+    """A run's rows as schema 7 kept them: stored under `window`, an old window name, and without runtime peaks."""
+    frames = _run_frames(run_id, [trace], "decode", None)
+    frames["runs"]["window"] = window
+    frames["decodes"] = frames["decodes"].drop(columns="runtime_peaks")
+    return frames
+
+
+# The windows' old names, and the traces they come back as: runtime-paced's rule is runtime's now, and the old
+# runtime (the last verified peak, at every depth) is runtime-last.
+OLD_WINDOWS = {"runtime": "runtime-last", "runtime-paced": "runtime", "unrestricted": "unrestricted"}
+
+
+def renamed_traces() -> dict[str, Trace]:
+    return {
+        old: speculative_trace(f"c{i}", [2, 0], replace(SPECULATIVE, window=new))
+        for i, (old, new) in enumerate(OLD_WINDOWS.items())
+    }
+
+
+def test_runs_stored_under_the_old_runtime_windows_keep_their_rule(tmp_path):
+    path = tmp_path / "old.duckdb"
+    traces = renamed_traces()
+    with duckdb.connect(str(path)) as con:
+        _migrate(con, path, target=7)
+        for old, trace in traces.items():
+            for table, frame in schema_7_frames(old, trace, old).items():
+                con.register("frame", frame)
+                con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM frame")
+    store = Store(path)
+    assert {old: store.traces(old) for old in OLD_WINDOWS} == {old: [trace] for old, trace in traces.items()}
+    assert sorted(store.runs().window) == sorted(OLD_WINDOWS.values())
+
+
+def test_runs_exported_under_the_old_runtime_windows_keep_their_rule(store, tmp_path):
+    traces = renamed_traces()
+    for old, trace in traces.items():
+        frames = schema_7_frames(old, trace, old)
+        (tmp_path / old).mkdir()
+        with duckdb.connect() as con:
+            for table in RUN_TABLES:
+                con.register("frame", frames[table])
+                con.execute(f"COPY (SELECT * FROM frame) TO '{tmp_path / old / table}.parquet' (FORMAT parquet)")
+        assert store.import_runs(tmp_path / old) == [old]
+        assert store.traces(old) == [trace]
+    exported = store.export_runs(["runtime-paced"], tmp_path / "new")  # a new export keeps its names
+    store.delete_run("runtime-paced")
+    assert store.import_runs(exported[0].parent) == ["runtime-paced"]
+    assert store.traces("runtime-paced") == [traces["runtime-paced"]]
 
 
 def test_a_newer_schema_is_refused(store):
