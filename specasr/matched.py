@@ -1,0 +1,402 @@
+"""Matched rounds (paper C.1): every window condition drafts from the same round starts and is followed through K
+depths, so that each depth's acceptance is compared on the same rounds and not on each loop's own survivors.
+
+A clip is read once per target: its greedy transcript and reference frames, and one teacher-forced pass that gives
+the draft's input features and the target's verification peaks at every position. Each condition then rolls the
+draft out from every round start at once (`train.unroll`), its window centred as the loop centres it after that
+many verified tokens. A rollout feeds the draft the transcript's tokens: on a round that survives to a depth they
+are the tokens the loop would feed it, so survival, conditional acceptance and the anchor errors of reached
+proposals are the loop's own on those rounds.
+"""
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm import tqdm
+
+from specasr.audio import Clip
+from specasr.draft import Draft
+from specasr.experiments import DRAWS, LARGE_ERROR_MS, METRICS, SEED, Weighting, draft_label, survival
+from specasr.metrics import Interval, odds_ratio, outcome_counts, pooled_bootstrap
+from specasr.pipeline import Pipeline
+from specasr.targets import Target
+from specasr.targets.base import audio_peaks
+from specasr.trace import Settings
+from specasr.train import Batch, unroll
+from specasr.windows import NO_WINDOW, WindowPolicy
+
+PROTOCOL = (
+    "matched rounds: every window starts from the same rounds ({starts}) and is followed through K depths; draft "
+    "inputs from one teacher-forced target pass per clip; s_k and a_k^c pooled over rounds, anchor errors over the "
+    "proposals each depth reaches"
+)
+AGGREGATION = (
+    "within a set, s_k and a_k^c pooled over rounds and sets weighted equally; 95% paired bootstrap intervals "
+    "(10,000 draws, seed 0): clips resampled within their set, and the sets themselves where there are several, the "
+    "same clips in every condition; anchor errors and outcome medians pooled over clips"
+)
+STARTS = {
+    "loop": "the round starts of the unrestricted real loop of the same draft and K",
+    "all": "every transcript position",
+}
+MATCHED_CONTRASTS = (("unrestricted", "correct"), ("unrestricted", "shift"), ("shift", "correct"))  # (a, b): b - a
+
+
+@dataclass
+class ClipView:
+    """What every condition reads of one clip: the target's greedy transcript, each token's reference frame (-1:
+    none), the encoder output, every layer's states at every input position (prompt + transcript), and each
+    layer's verification peak while predicting each transcript token."""
+
+    clip: Clip
+    subset: str
+    tokens: list[int]  # prompt + transcript + end-of-text
+    reference: np.ndarray  # (transcript,) frame or -1
+    memory: torch.Tensor  # (1, frames, d_model)
+    valid_frames: int
+    hidden: torch.Tensor  # (inputs, n_layers + 1, d_model)
+    peaks: torch.Tensor  # (transcript + 1, n_layers): the last row predicts end-of-text
+    frame_ms: float
+
+
+def read_clip(pipeline: Pipeline, settings: Settings, clip: Clip, subset: str, reference: bool = True) -> ClipView:
+    """The clip's greedy transcript and, with `reference`, its reference frames (as the pipeline makes them); then
+    one teacher-forced pass."""
+    aligned = "always" if reference else "never"
+    trace = pipeline.decode(clip, replace(settings, draft=None, reference=aligned, verify_peaks=False))
+    if len(trace.segments) != 1:
+        raise ValueError(f"{clip.id}: matched rounds read one window of audio; this clip has {len(trace.segments)}")
+    target = pipeline.target(settings)
+    with torch.inference_mode():
+        memory = target.encode(target.features(target.samples(clip.audio)))
+        valid_frames = target.valid_frames(len(clip.audio))
+        tokens = [*target.prompt, *trace.tokens, target.eot]
+        cache = target.new_cache(memory, capacity=len(tokens) - 1)
+        out = target.forward(
+            torch.tensor([tokens[:-1]], device=memory.device),
+            cache,
+            taps=tuple(range(target.n_layers + 1)),
+            attention_layers=tuple(range(target.n_layers)),
+        )
+    prompt = len(target.prompt)
+    return ClipView(
+        clip=clip,
+        subset=subset,
+        tokens=tokens,
+        reference=np.array(
+            [NO_WINDOW if f is None else f for f in trace.reference_frames or [None] * len(trace.tokens)]
+        ),
+        memory=memory,
+        valid_frames=valid_frames,
+        hidden=out.hidden[0].view(len(tokens) - 1, target.n_layers + 1, target.d_model),
+        peaks=audio_peaks(out.audio_attention[:, :, prompt - 1 :], valid_frames),
+        frame_ms=target.frame_seconds * 1000,
+    )
+
+
+@dataclass(frozen=True)
+class Rollouts:
+    """One clip's matched rounds under one condition: arrays over (rounds, depths)."""
+
+    clip_hash: str
+    group: str  # the set it is weighted in
+    starts: np.ndarray  # (R,) transcript tokens verified before each round
+    accepted: np.ndarray  # (R, K) the proposal at depth d is the target's token
+    draft_peaks: np.ndarray  # (R, K) frame of the draft's attention peak; -1 without audio attention
+    centres: np.ndarray  # (R, K) the window's centre; -1 for none
+    reference: np.ndarray  # (R, K) the proposed token's reference frame; -1 where unknown
+    frame_ms: float
+
+    @property
+    def reached(self) -> np.ndarray:
+        """(R, K) proposals made while every earlier one of their round stood: the loop's own proposals."""
+        survived = np.cumprod(self.accepted, axis=1).astype(bool)
+        return np.concatenate([np.ones_like(survived[:, :1]), survived[:, :-1]], axis=1)
+
+
+def roll_out(
+    target: Target, draft: Draft, view: ClipView, settings: Settings, starts: list[int], group: str = "all"
+) -> Rollouts:
+    """The draft's K proposals from each round start (verified transcript tokens) under `settings.window`.
+
+    A round after v verified tokens restarts at draft position P + v - 2 (P prompt tokens), which reads the target's
+    state there and the last verified token, and its step at depth d predicts transcript token v + d - 1.
+    """
+    k, prompt, n_tokens = settings.k, len(target.prompt), len(view.tokens)
+    transcript = n_tokens - prompt - 1
+    policy = WindowPolicy(
+        settings.window,
+        settings.half_width_ms,
+        view.valid_frames,
+        [None if f < 0 else int(f) for f in view.reference],
+        target.frame_seconds,
+        view.memory.device,
+        transcript + k + 1,
+    )
+    policy.observe_verified(0, view.peaks[:, _runtime_layer(target, settings)])
+    starts_t = torch.tensor(starts, device=view.memory.device)
+    centres = torch.stack([policy.centres(v, k, v) for v in starts])  # (R, K)
+
+    length = n_tokens - 1 + k  # room for the last round's chain past end-of-text
+    features = view.hidden[:, list(draft.config.taps)].reshape(n_tokens - 1, -1)
+    batch = _batch(view, features, length)
+    masks = []
+    for depth in range(1, k + 1):
+        rows = torch.full((length,), NO_WINDOW, device=view.memory.device)
+        rows[prompt + starts_t - 3 + depth] = centres[:, depth - 1]
+        masks.append(policy.mask(rows, view.valid_frames))
+    chosen, peaks = [], []
+    with torch.inference_mode():
+        for depth, out in enumerate(unroll(draft, batch, k, masks), start=1):
+            at = prompt + starts_t - 3 + depth
+            chosen.append(draft.vocab_to_target(draft.logits(out.hidden[0, at]).argmax(dim=-1)))
+            peaks.append(out.attention[0, at].argmax(dim=-1) if out.attention is not None else torch.full_like(at, -1))
+    proposed = torch.stack(chosen, dim=1).cpu().numpy()
+    index = np.asarray(starts)[:, None] + np.arange(k)[None, :]  # transcript index of each proposal
+    truth = np.asarray(view.tokens[prompt:] + [-1] * k)[index]
+    reference = np.concatenate([view.reference, np.full(k + 1, NO_WINDOW)])[index]
+    return Rollouts(
+        clip_hash=view.clip.hash,
+        group=group,
+        starts=np.asarray(starts),
+        accepted=proposed == truth,  # the truth past end-of-text is -1: nothing after it counts, as in the loop
+        draft_peaks=torch.stack(peaks, dim=1).cpu().numpy(),
+        centres=centres.cpu().numpy(),
+        reference=reference,
+        frame_ms=view.frame_ms,
+    )
+
+
+def _batch(view: ClipView, features: torch.Tensor, length: int) -> Batch:
+    """The clip as the draft's unrolled rollout reads it: position t reads (f_t, x_{t+1}); zeros past the end."""
+    inputs = torch.zeros(1, length, dtype=torch.long, device=features.device)
+    inputs[0, : len(view.tokens) - 1] = torch.tensor(view.tokens[1:], device=features.device)
+    padded = torch.zeros(1, length, features.shape[-1], dtype=features.dtype, device=features.device)
+    padded[0, : features.shape[0]] = features
+    none = torch.full((1, length), -1, device=features.device)
+    return Batch(
+        features=padded,
+        input_features=padded,
+        inputs=inputs,
+        targets=none,
+        frames=none,
+        memory=view.memory[:, : view.valid_frames],
+        valid_frames=torch.tensor([view.valid_frames], device=features.device),
+        lengths=torch.tensor([len(view.tokens) - 1], device=features.device),
+    )
+
+
+def _runtime_layer(target: Target, settings: Settings) -> int:
+    return settings.runtime_layer if settings.runtime_layer is not None else target.runtime_layer
+
+
+def round_starts(pipeline: Pipeline, settings: Settings, clip: Clip, view: ClipView, starts: str) -> list[int]:
+    """`loop`: where the unrestricted real loop of these settings started its rounds; `all`: every position."""
+    if starts == "all":
+        return list(range(1, len(view.tokens) - len(pipeline.target(settings).prompt)))
+    if starts != "loop":
+        raise ValueError(f"unknown round starts {starts!r}; choose one of {', '.join(STARTS)}")
+    trace = pipeline.decode(clip, replace(settings, window="unrestricted", threshold=0.0, reference="never"))
+    return [r.start for r in trace.rounds]
+
+
+def clip_columns(rollouts: list[Rollouts]) -> dict[str, np.ndarray]:
+    """Per clip (rows): rounds surviving each depth 0..K, and per depth the reached proposals' anchor errors (sum and
+    count, in frames) and their outcome counts (metrics.outcome_counts)."""
+    survivors, error_sum, error_count, outcomes = [], [], [], []
+    for r in rollouts:
+        survived = np.cumprod(r.accepted, axis=1)
+        survivors.append([len(r.starts), *survived.sum(axis=0)])
+        known = r.reached & (r.reference >= 0) & (r.draft_peaks >= 0)
+        error = np.abs(r.draft_peaks - r.reference)
+        error_sum.append(np.where(known, error, 0).sum(axis=0))
+        error_count.append(known.sum(axis=0))
+        outcomes.append(
+            [
+                outcome_counts(error[known[:, d], d] * r.frame_ms, r.accepted[known[:, d], d], LARGE_ERROR_MS)
+                for d in range(r.accepted.shape[1])
+            ]
+        )
+    return {
+        "survivors": np.array(survivors, dtype=float),
+        "error_sum": np.array(error_sum, dtype=float),
+        "error_count": np.array(error_count, dtype=float),
+        "outcomes": np.array(outcomes, dtype=float),
+    }
+
+
+def conditional(depth: int) -> Callable[[dict[str, np.ndarray]], np.ndarray]:
+    """a_k^c = s_k / s_{k-1}."""
+    return lambda sums: sums["survivors"][..., depth] / sums["survivors"][..., depth - 1]
+
+
+def _interval(statistic: Callable[..., np.ndarray], arms: list[list[Rollouts]]) -> Interval:
+    columns = [clip_columns(arm) for arm in arms]
+    strata = [r.group for r in arms[0]]
+    return pooled_bootstrap(statistic, columns, DRAWS, SEED, strata=strata, resample_strata=True)
+
+
+@dataclass(frozen=True)
+class Condition:
+    """One draft under one window, rolled out from the same rounds as every other condition of its draft."""
+
+    draft: str
+    window: str
+    rollouts: list[Rollouts]
+
+
+def run_matched(
+    pipeline: Pipeline,
+    settings: Settings,
+    drafts: list[str],
+    windows: list[str],
+    clips: list[Clip],
+    weights: Weighting,
+    starts: str = "loop",
+) -> list[Condition]:
+    """Every draft under every window from the same round starts, clip by clip."""
+    target = pipeline.target(settings)
+    found = {(d, w): [] for d in drafts for w in windows}
+    for clip in tqdm(clips, desc="matched rounds", unit="clip"):
+        view = read_clip(pipeline, settings, clip, weights.sets[clip.hash])
+        for name in drafts:
+            cell = replace(settings, draft=name)
+            draft = pipeline.draft(cell)
+            first = round_starts(pipeline, cell, clip, view, starts)
+            for window in windows:
+                rollouts = roll_out(target, draft, view, replace(cell, window=window), first, weights.groups[clip.hash])
+                found[name, window].append(rollouts)
+    return [Condition(draft_label(d), w, rollouts) for (d, w), rollouts in found.items()]
+
+
+def depth_table(conditions: list[Condition]) -> pd.DataFrame:
+    """Table 12, top: per condition and depth, the reached proposals' mean anchor error (frames), s_k and a_k^c."""
+    rows = []
+    for c in conditions:
+        sums = {name: column.sum(axis=0) for name, column in clip_columns(c.rollouts).items()}
+        survivors = sums["survivors"]
+        for depth in range(1, len(survivors)):
+            count = sums["error_count"][depth - 1]
+            rows.append(
+                {
+                    "draft": c.draft,
+                    "window": c.window,
+                    "depth": depth,
+                    "reached": int(survivors[depth - 1]),
+                    "error_frames": sums["error_sum"][depth - 1] / count if count else None,
+                    "s": _estimate(survival(depth), c.rollouts),
+                    "a_c": _estimate(conditional(depth), c.rollouts),
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def summary_table(conditions: list[Condition]) -> pd.DataFrame:
+    """Per condition: rounds, a1, a2c, s2, s3 and L, each with its interval."""
+    rows = []
+    metrics = {"a1": METRICS["a1"], "a2c": METRICS["a2c"], "s2": survival(2), "s3": survival(3), "L": METRICS["L"]}
+    for c in conditions:
+        row = {"draft": c.draft, "window": c.window, "clips": len(c.rollouts)}
+        row["rounds"] = int(sum(len(r.starts) for r in c.rollouts))
+        for name, metric in metrics.items():
+            try:
+                found = _interval(metric, [c.rollouts])
+            except ValueError:  # beyond K
+                continue
+            row |= {name: found.estimate, f"{name}_low": found.low, f"{name}_high": found.high}
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def contrast_table(conditions: list[Condition], pairs=MATCHED_CONTRASTS) -> pd.DataFrame:
+    """Paired contrasts b - a at equal draft, from the same rounds: s_k and a_k^c by depth, and L."""
+    by_key = {(c.draft, c.window): c for c in conditions}
+    rows = []
+    for draft in dict.fromkeys(c.draft for c in conditions):
+        for a, b in pairs:
+            if (draft, a) not in by_key or (draft, b) not in by_key:
+                continue
+            arms = [by_key[draft, a].rollouts, by_key[draft, b].rollouts]
+            depths = arms[0][0].accepted.shape[1] if arms[0] else 0
+            metrics = {"L": (None, METRICS["L"])}
+            for depth in range(1, depths + 1):
+                metrics[f"s{depth}"] = (depth, survival(depth))
+                if depth > 1:  # a1c is s1
+                    metrics[f"a{depth}c"] = (depth, conditional(depth))
+            for name, (depth, metric) in metrics.items():
+                try:
+                    found = _interval(lambda x, y, m=metric: m(y) - m(x), arms)
+                except ValueError:  # no round reaches this depth in one arm
+                    continue
+                rows.append({"draft": draft, "contrast": f"{b}-{a}", "metric": name, "depth": depth, **asdict(found)})
+    return pd.DataFrame(rows).astype({"depth": "Int64"}) if rows else pd.DataFrame()
+
+
+def outcome_table(conditions: list[Condition]) -> pd.DataFrame:
+    """Table 12, bottom: per condition and depth, the reached proposals' median anchor error (frames) when accepted
+    and when rejected, and the odds ratio of an error over 200 ms at rejection over acceptance, with its interval."""
+    rows = []
+    for c in conditions:
+        depths = c.rollouts[0].accepted.shape[1] if c.rollouts else 0
+        for depth in range(1, depths + 1):
+            errors, outcomes = _errors_at(c.rollouts, depth)
+            if not outcomes.any() or outcomes.all():
+                continue
+            try:
+                ratio = _interval(lambda sums, d=depth: odds_ratio(sums["outcomes"][..., d - 1, :]), [c.rollouts])
+            except ValueError:  # an empty cell in most draws
+                ratio = Interval(float("nan"), float("nan"), float("nan"))
+            rows.append(
+                {
+                    "draft": c.draft,
+                    "window": c.window,
+                    "depth": depth,
+                    "accepted": int(outcomes.sum()),
+                    "rejected": int((~outcomes).sum()),
+                    "accepted_error_frames": float(np.median(errors[outcomes])),
+                    "rejected_error_frames": float(np.median(errors[~outcomes])),
+                    "odds_ratio": ratio.estimate,
+                    "odds_low": ratio.low,
+                    "odds_high": ratio.high,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def _errors_at(rollouts: list[Rollouts], depth: int) -> tuple[np.ndarray, np.ndarray]:
+    """The reached proposals at `depth` with a known anchor error: errors in frames and whether each was accepted."""
+    errors, outcomes = [], []
+    for r in rollouts:
+        known = r.reached[:, depth - 1] & (r.reference[:, depth - 1] >= 0) & (r.draft_peaks[:, depth - 1] >= 0)
+        errors.append(np.abs(r.draft_peaks - r.reference)[known, depth - 1])
+        outcomes.append(r.accepted[known, depth - 1])
+    return np.concatenate(errors), np.concatenate(outcomes)
+
+
+def _estimate(metric: Callable[..., np.ndarray], rollouts: list[Rollouts]) -> float | None:
+    try:
+        return pooled_bootstrap(metric, [clip_columns(rollouts)], 0, strata=[r.group for r in rollouts]).estimate
+    except ValueError:
+        return None
+
+
+@dataclass
+class MatchedTables:
+    protocol: str
+    summary: pd.DataFrame
+    depths: pd.DataFrame  # Table 12, top
+    contrasts: pd.DataFrame
+    outcomes: pd.DataFrame  # Table 12, bottom
+
+
+def matched_tables(conditions: list[Condition], starts: str) -> MatchedTables:
+    return MatchedTables(
+        protocol=PROTOCOL.format(starts=STARTS[starts]),
+        summary=summary_table(conditions),
+        depths=depth_table(conditions),
+        contrasts=contrast_table(conditions),
+        outcomes=outcome_table(conditions),
+    )
