@@ -2,23 +2,28 @@
 # The last call of a GPU job (tools/gpu_stage.py): join the pieces the earlier calls left in /tmp/stage, check and
 # unpack them, install the carried wheels, put weights, drafts and caches where specasr looks, and run the job.
 # Logs go to $OUT; the tables print last.
-#   bash tools/gpu_job.sh [float16|float32]
+#   bash tools/gpu_job.sh [float16|float32|2x2]
 # float16: the CUDA graph tests, then per target the peers bench (graphed and eager greedy, generate, assisted, the
 #   shipped drafts at K 2,4,8; ms/token, host share, agreement with float32 greedy), then a 30 s clip's phases.
 # float32: per target, graphed greedy against eager greedy, generate and one draft, token for token.
+# 2x2: the tiny.en training 2x2 (tools/gpu_2x2.py) from a stage made by tools/gpu_stage.py --job 2x2.
 set -uo pipefail
-dtype=${1:-float16}
+job=${1:-float16}
 stage=/tmp/stage out=${OUT:-/tmp/out}
 mkdir -p $stage $out && cp .devcarry/p*/* $stage/
 (cd $stage && cat stage.tar.gz.* > stage.tar.gz && sha256sum --check stage.sha256 && tar xzf stage.tar.gz) || exit 1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site $stage/whl/*.whl
 export PYTHONPATH=/tmp/site SPECASR_CACHE=/tmp/specasr-cache PYTHONUNBUFFERED=1
 mkdir -p $SPECASR_CACHE && cp -r $stage/targets $SPECASR_CACHE/
-mkdir -p drafts && cp -r $stage/drafts/. drafts/  # the calls carry the working tree without them
+[ -d $stage/drafts ] && mkdir -p drafts && cp -r $stage/drafts/. drafts/  # the calls carry the tree without them
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
 python3 -c "import torch, transformers, sys; print(sys.version.split()[0], 'torch', torch.__version__, 'transformers', transformers.__version__)"
 
-if [ "$dtype" = float32 ]; then
+if [ "$job" = 2x2 ]; then
+    PYTHONPATH=$stage/code:/tmp/site python3 $stage/code/tools/gpu_2x2.py --stage $stage --out $out 2>>$out/log.txt
+    exit
+fi
+if [ "$job" = float32 ]; then
     for target in whisper-tiny.en whisper-base; do
         python3 -m specasr bench --device cuda --target $target --draft $target/anchordraft --k 4 --peers transformers \
             --speech-dir $stage/speech --clips 20 --repeats 1 --no-store --json 2>>$out/log.txt >>$out/float32.json

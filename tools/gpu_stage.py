@@ -5,18 +5,22 @@ piece `.devcarry/pN/` goes in a call of its own that copies it to /tmp/stage the
 and unpacks them (tools/gpu_job.sh). `drafts/` must be out of the working tree during those calls (the tar holds
 it): `python -m tools.gpu_stage` prints the calls.
 
-It holds both targets' converted float16 weights, the shipped drafts, the wheels the image lacks (.whl/, but
-those the bench never imports), the evaluation clips as FLAC with their manifest, and one 30 s clip made of whole
-clips and silence.
+For the bench (default) it holds both targets' converted float16 weights, the shipped drafts, the wheels the image
+lacks (.whl/, but those the bench never imports), the evaluation clips as FLAC with their manifest, and one 30 s
+clip made of whole clips and silence. For the tiny.en 2x2 (`--job 2x2`, tools/gpu_2x2.py): tiny.en's weights, the
+wheels, the local feature cache's examples (ids, tokens, reference frames: the states are recomputed there) with
+their clips as FLAC, and the held-out clips of train-speech-2.
 
-    python -m tools.gpu_stage [--clips 20] [--piece-mb 61] [--out .devcarry]
+    python -m tools.gpu_stage [--job bench|2x2] [--clips 20] [--piece-mb 61] [--out .devcarry]
 """
 
 import argparse
 import csv
 import hashlib
 import io
+import json
 import shutil
+import subprocess
 import tarfile
 from pathlib import Path
 
@@ -24,10 +28,11 @@ import numpy as np
 import soundfile
 
 from specasr.audio import SAMPLE_RATE
-from specasr.dataset import DEFAULT_SPEECH_DIR, Utterance, load_manifest, spread
+from specasr.dataset import DEFAULT_SPEECH_DIR, Utterance, load_manifest, load_utterances, spread
 from specasr.draft import SHIPPED_DRAFTS
 from specasr.targets import load_target
 from specasr.targets.builtin import BUILTIN_TARGETS, builtin_model_dir
+from specasr.trainset import data_hash, feature_cache, load_examples, training_sources
 
 WHEELS = Path(".whl")
 LEAVE_OUT = ("av", "pocketsphinx")  # the bench reads FLAC with soundfile and aligns nothing
@@ -90,6 +95,34 @@ def bench_files(clips: int) -> dict[str, bytes]:
     return files
 
 
+def committed_code() -> dict[str, bytes]:
+    """specasr/ and tools/ as committed: the job runs what HEAD holds, whatever the working tree is in the middle of."""
+    archive = subprocess.run(["git", "archive", "HEAD", "specasr", "tools"], check=True, capture_output=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+
+
+def two_by_two_files(real: int, real_2: int) -> dict[str, bytes]:
+    """tiny.en, the wheels, the cached examples of `real` + `real_2` clips (built here first: python -m specasr train
+    --prepare-only) with their audio, and the held-out clips."""
+    target = load_target("whisper-tiny.en")
+    files = folder_files(builtin_model_dir(target.name), f"targets/{builtin_model_dir(target.name).name}")
+    files |= {f"whl/{p.name}": p.read_bytes() for p in sorted(WHEELS.glob("*.whl")) if not p.name.startswith(LEAVE_OUT)}
+    sources = training_sources(real, real_2, 0, 0)
+    rows, examples = [], []
+    for source in sources:
+        clips = {clip.id: clip for clip in map(source.clip, range(source.count))}
+        for example in load_examples(feature_cache(target, source), source.count):
+            files[f"train/{example.id}.flac"] = flac(clips[example.id].audio)
+            rows.append({"id": example.id, "tokens": example.tokens, "frames": example.frames})
+            examples.append(example)
+    described = {source.name: {**source.settings, "count": source.count} for source in sources}
+    spec = {"data_hash": data_hash(examples), "sources": described, "examples": rows}
+    files["examples.json"] = json.dumps(spec).encode()
+    files |= {f"code/{name}": data for name, data in committed_code().items()}
+    return files | clip_set("heldout", [(u, u.clip().audio) for u in load_utterances("heldout")])
+
+
 def pack(files: dict[str, bytes]) -> bytes:
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w:gz", compresslevel=1) as tar:
@@ -102,12 +135,15 @@ def pack(files: dict[str, bytes]) -> bytes:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--job", default="bench", choices=["bench", "2x2"])
     parser.add_argument("--clips", type=int, default=20, help="evaluation clips (bench)")
+    parser.add_argument("--real", type=int, default=251, help="2x2: clips of train-speech")
+    parser.add_argument("--real-2", type=int, default=500, help="2x2: clips of train-speech-2")
     parser.add_argument("--piece-mb", type=float, default=61)
     parser.add_argument("--out", type=Path, default=Path(".devcarry"))
     args = parser.parse_args()
 
-    data = pack(bench_files(args.clips))
+    data = pack(bench_files(args.clips) if args.job == "bench" else two_by_two_files(args.real, args.real_2))
     step = int(args.piece_mb * 1e6)
     shutil.rmtree(args.out, ignore_errors=True)
     pieces = range(0, len(data), step)
@@ -119,7 +155,8 @@ def main() -> None:
     print(f"{len(data) / 1e6:.1f} MB in {len(pieces)} pieces; with drafts/ out of the working tree, a call each:")
     for number in range(1, len(pieces)):
         print(f"  carry .devcarry/p{number}: mkdir -p /tmp/stage && cp .devcarry/p{number}/* /tmp/stage/")
-    print(f"  carry .devcarry/p{len(pieces)}: bash tools/gpu_job.sh")
+    job = "bash tools/gpu_job.sh" + (" 2x2" if args.job == "2x2" else "")
+    print(f"  carry .devcarry/p{len(pieces)}: {job}")
 
 
 if __name__ == "__main__":
