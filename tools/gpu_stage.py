@@ -32,7 +32,7 @@ from specasr.dataset import DEFAULT_SPEECH_DIR, Utterance, load_manifest, load_u
 from specasr.draft import SHIPPED_DRAFTS
 from specasr.targets import load_target
 from specasr.targets.builtin import BUILTIN_TARGETS, builtin_model_dir
-from specasr.trainset import data_hash, feature_cache, load_examples, training_sources
+from specasr.trainset import SENTENCES, data_hash, feature_cache, load_examples, training_sources
 
 WHEELS = Path(".whl")
 LEAVE_OUT = ("av", "pocketsphinx")  # the bench reads FLAC with soundfile and aligns nothing
@@ -120,6 +120,7 @@ def two_by_two_files(real: int, real_2: int) -> dict[str, bytes]:
     spec = {"data_hash": data_hash(examples), "sources": described, "examples": rows}
     files["examples.json"] = json.dumps(spec).encode()
     files |= {f"code/{name}": data for name, data in committed_code().items()}
+    files["shared/data/text/sentences.txt"] = SENTENCES.read_bytes()  # the draft vocabulary's backfill, beside code/
     return files | clip_set("heldout", [(u, u.clip().audio) for u in load_utterances("heldout")])
 
 
