@@ -180,8 +180,9 @@ class Draft(nn.Module):
     def embed(self, features: Tensor, tokens: Tensor, positions: Tensor) -> Tensor:
         """The block's input from target features (batch, T, F), tokens x_{t+1} (batch, T) and positions t (T,)."""
         embedded = self._frozen["embedding"][tokens]
-        if "positions" in self._frozen:
-            embedded = embedded + self._frozen["positions"][positions]
+        if "positions" in self._frozen:  # rows past the table only pad a block or run past the length limit
+            table = self._frozen["positions"]
+            embedded = embedded + table[positions.clamp(max=table.shape[0] - 1)]
         embedded = embedded.to(self.dtype)
         fused = self._linear(self.fuse, features.to(self.dtype))
         return self._linear(self.combine, torch.cat([fused, embedded], dim=-1))
@@ -234,9 +235,7 @@ class Draft(nn.Module):
         cache.length, which a step without them advances itself.
         """
         positions, end = step_positions(cache, tokens.shape[1], positions, tokens.device)
-        table = self._frozen.get("positions")
-        last_position = end if table is None else table.shape[0] - 1  # rows past it only pad a fixed-size block
-        x = self.embed(features, tokens, positions.clamp(max=last_position))
+        x = self.embed(features, tokens, positions)
         q, k, v = self.self_qkv(x)
         cache.keys.index_copy_(2, positions, k)
         cache.values.index_copy_(2, positions, v)

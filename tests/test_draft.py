@@ -193,3 +193,15 @@ def test_a_narrower_draft_keeps_the_strongest_units_of_the_targets_layer(tiny_en
     assert torch.equal(without_audio.ffn[0].weight, kept_fc1)
     with pytest.raises(DraftMismatchError, match="feed-forward width 2000 is more than the layer's 1536"):
         start_from_target_layer(random_draft(tiny_en, ffn_dim=2000), tiny_en)
+
+
+def test_positions_past_the_table_take_its_last_row(tiny_en):
+    """A rollout near the length limit runs past the position table; those rows can never be accepted, but must
+    not index out of it."""
+    draft = random_draft(tiny_en)
+    rows = draft._frozen["positions"].shape[0]
+    features = torch.randn(1, 3, len(draft.config.taps) * tiny_en.d_model)
+    tokens = torch.tensor([[11, 12, 13]])
+    past = draft.embed(features, tokens, torch.tensor([rows - 1, rows, rows + 5]))
+    last = draft.embed(features, tokens, torch.tensor([rows - 1, rows - 1, rows - 1]))
+    assert torch.equal(past, last)
