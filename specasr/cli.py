@@ -114,7 +114,7 @@ def _add_speculative_options(parser: argparse.ArgumentParser, several_drafts: bo
         parser.add_argument("--window", default="unrestricted", choices=WINDOWS)
         parser.add_argument("--threshold", type=float, default=0.0, help="stop proposing below this draft confidence")
     parser.add_argument("--half-width-ms", type=float, default=400.0)
-    parser.add_argument("--runtime-layer", type=int, default=None, help="target decoder layer (0-based) for runtime")
+    parser.add_argument("--runtime-layer", type=int, default=None, help="target layer (0-based) for runtime windows")
     parser.add_argument(
         "--reference",
         default="auto",

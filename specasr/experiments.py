@@ -38,6 +38,7 @@ from specasr.metrics import (
     peak_agreement,
     pooled_bootstrap,
     pooled_estimate,
+    predicted_speed_change,
     proposals_per_round,
     step_cost,
 )
@@ -61,7 +62,7 @@ WINDOW_CONTRASTS = (  # (a, b): b - a
     ("shift", "unrestricted"),
     ("shift", "correct"),
     ("unrestricted", "runtime"),
-    ("unrestricted", "runtime-paced"),
+    ("unrestricted", "runtime-last"),
 )
 RUNTIME_BASE = "unrestricted"  # the uncorrected loop a runtime window is compared with (Table 16)
 LARGE_ERROR_MS = 200.0
@@ -501,11 +502,12 @@ def outcome_table(cells: dict[Settings, list[ClipResult]]) -> pd.DataFrame:
 def runtime_table(cells: dict[Settings, list[ClipResult]]) -> pd.DataFrame:
     """Table 16: each runtime window against the unrestricted loop of the same draft, K and threshold.
 
-    Anchor error: median |window centre - reference frame| in frames over the corrected loop's draft steps. Gross:
-    dL / (1 + L), the speed change if the round cost stayed the same. Cost: the correction's added seconds per round
-    (_correction_cost), in verification passes of the uncorrected loop. The cost rule (paper eq. 5) predicts a gain
-    when dL / (1 + L) > cost / (1 + K rho), K the uncorrected rounds' mean proposals; net: the measured change in
-    decode and end-to-end speed.
+    Anchor errors, medians over the corrected loop against the reference frames: the readout's (its verification peak
+    at the runtime layer, every verified token) and the window centre's (every draft step, and at each depth 1..K).
+    Gross: dL / (1 + L), the speed change if the round cost stayed the same. Cost: the correction's added seconds per
+    round (_correction_cost), in verification passes of the uncorrected loop. The cost rule predicts a gain when
+    dL / (1 + L) > cost / (1 + K rho) (paper eq. 5), K the uncorrected rounds' mean proposals, and the change itself
+    (eq. 4, predicted_change); net: the measured change in decode and end-to-end speed.
     """
     rows = []
     pairs = tuple((RUNTIME_BASE, window) for window in RUNTIME_WINDOWS)
@@ -522,15 +524,21 @@ def runtime_table(cells: dict[Settings, list[ClipResult]]) -> pd.DataFrame:
             phase: _interval(lambda a, b, phase=phase: a[phase] / b[phase] - 1, columns)
             for phase in ("decode", "total")
         }
-        centres = [(s.window_centre, s.reference_frame) for r in corrected for s in r.trace.steps]
-        errors = [abs(c - f) for c, f in centres if None not in (c, f)]
+        traces = [r.trace for r in corrected]
+        frame_ms = traces[0].frame_seconds * 1000
+        readout, centre = _median(_readout_errors(traces)), _centre_errors(traces)
+        everywhere = _median([e for errors in centre.values() for e in errors])
         rows.append(
             {
                 "draft": draft_label(settings_b.draft),
                 "window": window,
                 "k": settings_b.k,
                 "threshold": settings_b.threshold,
-                "anchor_error_frames": float(np.median(errors)) if errors else None,
+                "readout_error_frames": readout,
+                "readout_error_ms": None if readout is None else readout * frame_ms,
+                "centre_error_frames": everywhere,
+                "centre_error_ms": None if everywhere is None else everywhere * frame_ms,
+                "centre_error_by_depth": [_median(centre.get(d, [])) for d in range(1, settings_b.k + 1)],
                 **{f"d_{m}": delta[m].estimate if m in delta else None for m in ("a1", "a2c", "L")},
                 "d_L_low": delta["L"].low,
                 "d_L_high": delta["L"].high,
@@ -538,12 +546,36 @@ def runtime_table(cells: dict[Settings, list[ClipResult]]) -> pd.DataFrame:
                 "cost": cost,
                 "rho": measured_rho,
                 "predicted_pays": correction_pays(delta["L"].estimate, L, cost, steps, measured_rho),
+                "predicted_change": predicted_speed_change(delta["L"].estimate, L, cost, steps, measured_rho),
                 **{f"net_{p}": n.estimate for p, n in net.items()},
                 **{f"net_{p}_{end}": getattr(n, end) for p, n in net.items() for end in ("low", "high")},
                 "measured_pays": net["decode"].estimate > 0,
             }
         )
     return pd.DataFrame(rows)
+
+
+def _readout_errors(traces: list[Trace]) -> list[int]:
+    """|runtime readout - reference frame| in frames, for every verified token that has both."""
+    return [
+        abs(peak - frame)
+        for t in traces
+        # strict=False: tokens past the reference frames (a transcript that left greedy's) have none
+        for peak, frame in zip(t.runtime_peaks or [], t.reference_frames or [], strict=False)
+        if frame is not None
+    ]
+
+
+def _centre_errors(traces: list[Trace]) -> dict[int, list[int]]:
+    """|window centre - reference frame| in frames, by draft depth, for every draft step that has both."""
+    errors: dict[int, list[int]] = {}
+    for step in (s for t in traces for s in t.steps if None not in (s.window_centre, s.reference_frame)):
+        errors.setdefault(step.depth, []).append(abs(step.window_centre - step.reference_frame))
+    return errors
+
+
+def _median(values: list[float]) -> float | None:
+    return float(np.median(values)) if values else None
 
 
 def _correction_cost(base: dict[str, np.ndarray], corrected: dict[str, np.ndarray]) -> np.ndarray:

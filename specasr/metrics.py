@@ -154,6 +154,13 @@ def correction_pays(delta_L: float, L: float, delta_cost: float, k: float, rho: 
     return delta_L / (1 + L) > delta_cost / (1 + k * rho)
 
 
+def predicted_speed_change(delta_L: float, L: float, delta_cost: float, k: float, rho: float) -> float:
+    """The relative speed change the cost model predicts for a correction (paper eq. 4): tokens per unit of cost
+    after, (1 + L + dL) / (1 + K*rho + dC), over before, (1 + L) / (1 + K*rho), less one. Positive exactly where
+    `correction_pays`."""
+    return (1 + k * rho) * (1 + L + delta_L) / ((1 + L) * (1 + k * rho + delta_cost)) - 1
+
+
 def predicted_round_speedup(L: float, k: float, rho: float) -> float:
     """Tokens per unit of target-pass cost relative to greedy, (1 + L) / (1 + K*rho); k: draft steps per round (K,
     or their mean where rounds stop drafting early).

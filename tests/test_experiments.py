@@ -38,6 +38,7 @@ def hand_trace(
     verified: list[VerifiedToken] = (),
     reference_frames: list[int | None] | None = None,
     round_seconds: tuple[float, float] = (0.0, 0.0),
+    runtime_peaks: list[int] | None = None,
 ):
     """A trace on clip `clip` whose rounds accepted these counts of K = settings.k proposals (none for greedy)."""
     rounds = [Round(i, 0, 0, [7] * settings.k, a, 7, *round_seconds) for i, a in enumerate(accepted)]
@@ -54,6 +55,7 @@ def hand_trace(
         steps=list(steps),
         verified=list(verified),
         reference_frames=reference_frames,
+        runtime_peaks=runtime_peaks,
     )
 
 
@@ -180,9 +182,29 @@ def runtime_grid(tmp_path):
         runtime: store.write_run(
             [
                 hand_trace(
-                    runtime, "u", [1, 1], 1.5, steps=restarts([1, 1], [0, 0], centre=103), round_seconds=(0.06, 0.25)
+                    runtime,
+                    "u",
+                    [1, 1],
+                    1.5,
+                    steps=[*restarts([1, 1], [0, 0], centre=103), DraftStep(0, 2, 7, False, 100, 106, 100)],
+                    round_seconds=(0.06, 0.25),
+                    reference_frames=[10, 20, None],
+                    runtime_peaks=[12, 21, 40],
                 ),
-                hand_trace(runtime, "v", [3], 0.5, steps=restarts([3], [0], centre=96), round_seconds=(0.05, 0.3)),
+                hand_trace(
+                    runtime,
+                    "v",
+                    [3],
+                    0.5,
+                    steps=[
+                        *restarts([3], [0], centre=96),
+                        DraftStep(0, 2, 7, True, 100, 91, 100),
+                        DraftStep(0, 3, 7, True, 100, 88, 100),
+                    ],
+                    round_seconds=(0.05, 0.3),
+                    reference_frames=[5, 25, 45],
+                    runtime_peaks=[5, 29, 44],
+                ),
             ],
             COMMAND,
         ),
@@ -208,8 +230,17 @@ def test_outcome_and_runtime_tables_against_hand_computation(runtime_grid):
     # - 0.05 / 4) s; in verifications of 0.2 s
     assert row.cost == pytest.approx((0.8 / 3 - 0.2 + 4 * (0.17 / 12 - 0.05 / 4)) / 0.2)
     assert row.rho == pytest.approx((0.05 / 4) / 0.2)
-    assert row.anchor_error_frames == pytest.approx(3)  # centres 103, 103, 96 vs reference 100
+    # The readout against the reference frames: u 12, 21 vs 10, 20 (its third token has none), v 5, 29, 44 vs 5, 25,
+    # 45: errors 2, 1, 0, 4, 1 frames.
+    assert (row.readout_error_frames, row.readout_error_ms) == (1, 20)
+    # The centres against reference 100: depth 1 at 103, 103, 96; depth 2 at 106, 91; depth 3 at 88.
+    assert row.centre_error_by_depth == [3, 7.5, 12, None]
+    assert (row.centre_error_frames, row.centre_error_ms) == (5, 100)  # errors 3, 3, 4, 6, 9, 12
     assert row.predicted_pays == (row.gross > row.cost / (1 + 4 * row.rho))
+    # Eq. 4: L = 3/4, dL = 11/12, K = 4 proposals per round, rho = 0.0625, the cost above.
+    cost = (0.8 / 3 - 0.2 + 4 * (0.17 / 12 - 0.05 / 4)) / 0.2
+    predicted = (1 + 4 * 0.0625) * (1 + 3 / 4 + 11 / 12) / ((1 + 3 / 4) * (1 + 4 * 0.0625 + cost)) - 1
+    assert row.predicted_change == pytest.approx(predicted) and row.predicted_pays == (predicted > 0)
     assert row.net_decode == pytest.approx(0.0) and not row.measured_pays  # 2.0 s in both loops
     assert row.net_total == pytest.approx(0.0) and row.net_decode_low <= 0 <= row.net_decode_high
 

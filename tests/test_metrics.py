@@ -11,6 +11,7 @@ from specasr.metrics import (
     normalize_text,
     paired_bootstrap,
     predicted_round_speedup,
+    predicted_speed_change,
     proposals_per_round,
     rho,
     speedup,
@@ -166,6 +167,13 @@ def test_cost_rule_and_predicted_speedup():
     assert not correction_pays(delta_L=0.1, L=1.8, delta_cost=0.05, k=3, rho=0.1)  # 0.0357 < 0.0385
     assert predicted_round_speedup(L=1.8, k=3, rho=0.1) == pytest.approx(2.8 / 1.3)
     assert predicted_round_speedup(L=0.0, k=3, rho=0.0) == 1.0
+
+
+def test_predicted_speed_change_of_a_correction():
+    # Tokens per pass 2.8 / 1.3 before; after, 2.94 / 1.35: 3.822 / 3.78 = 1 + 1/90. With dL = 0.1: 3.77 / 3.78.
+    assert predicted_speed_change(delta_L=0.14, L=1.8, delta_cost=0.05, k=3, rho=0.1) == pytest.approx(1 / 90)
+    assert predicted_speed_change(delta_L=0.1, L=1.8, delta_cost=0.05, k=3, rho=0.1) == pytest.approx(-1 / 378)
+    assert predicted_speed_change(delta_L=0.0, L=1.8, delta_cost=0.0, k=3, rho=0.1) == 0.0
 
 
 def mean_L(traces: list[Trace]) -> float:
