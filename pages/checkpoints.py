@@ -9,8 +9,19 @@ import widgets
 from specasr.cache import cache_dir
 from specasr.dataset import load_manifest, spread
 from specasr.draft import shipped_drafts
-from specasr.experiments import AGGREGATION, Grid, clip_results, contrast, draft_label, run_grid, tables, weighting
-from specasr.metrics import depth_profile
+from specasr.experiments import (
+    AGGREGATION,
+    REPEATS,
+    Grid,
+    clip_results,
+    contrast,
+    draft_label,
+    repetition_note,
+    run_grid,
+    tables,
+    weighting,
+)
+from specasr.metrics import aa_warning, depth_profile
 from specasr.views import depth_figure
 
 st.title("Checkpoints")
@@ -43,7 +54,7 @@ with tab_run:
         count = st.slider("Clips spread over ../shared/data/speech", 1, 40, 4, key="checkpoint_count")
     else:
         single = widgets.clip_input("checkpoints")
-    repeats = st.number_input("Timing repetitions", 1, 5, 1, key="checkpoint_repeats")
+    repeats = st.number_input("Timing repetitions", 1, 20, REPEATS, key="checkpoint_repeats")
     if st.button("Compare", type="primary", key="compare"):
         try:
             names = drafts + [f.strip() for f in folders.split(",") if f.strip()]
@@ -68,7 +79,13 @@ with tab_run:
                 draft_label(s.draft): clip_results(greedy, widgets.store().traces(r), sets)
                 for s, r in runs.cells.items()
             }
-            st.session_state["checkpoints"] = {"cells": found.cells, "arms": arms, "rule": sets.rule}
+            st.session_state["checkpoints"] = {
+                "cells": found.cells,
+                "arms": arms,
+                "rule": sets.rule,
+                "aa": found.aa,
+                "note": repetition_note(repeats),
+            }
         except (*widgets.DECODE_ERRORS, FileNotFoundError) as error:
             widgets.report(error)
 
@@ -76,6 +93,8 @@ with tab_run:
     if result:
         cells = result["cells"]
         st.caption(f"{result['rule']}; {AGGREGATION}")
+        if result["note"]:
+            st.warning(result["note"])
         st.subheader("Each draft")
         st.dataframe(cells.drop(columns=["s"]), hide_index=True, key="checkpoint_cells")
         arms = result["arms"]
@@ -84,6 +103,10 @@ with tab_run:
         differences = [c for name, arm in others for c in contrast(f"{name}-{first}", "", metrics, baseline, arm)]
         st.subheader(f"Differences from {first} (paired bootstrap, 95%)")
         st.dataframe(pd.DataFrame(differences).drop(columns="fixed"), hide_index=True, key="checkpoint_differences")
+        st.subheader("A/A check: greedy over its second copy, timed in the same run")
+        st.dataframe(result["aa"], hide_index=True, key="checkpoint_aa")
+        if warning := aa_warning(result["aa"]):
+            st.warning(warning)
         profiles = [depth_profile([r.trace for r in arm]).assign(draft=name) for name, arm in arms.items()]
         profile = pd.concat(profiles, ignore_index=True).dropna(subset=["anchor_error_ms"])
         if len(profile):

@@ -8,19 +8,18 @@ import streamlit as st
 
 import widgets
 from specasr.audio import SAMPLE_RATE
-from specasr.bench import benchmark, store_results
-from specasr.metrics import acceptance
+from specasr.bench import aa_check, benchmark, store_results, summary
+from specasr.metrics import aa_warning, acceptance
 from specasr.views import attention_heatmap, drift_figure, round_table, token_rows
 
 st.title("Live decode")
 settings = widgets.settings_sidebar()
 requested = st.query_params.get("run")
 clip = widgets.clip_input("decode")
-repeats = st.number_input("Timing repetitions (warm, interleaved with greedy)", 1, 10, 3, key="repeats")
 
 
-def run(clip, settings, repeats: int) -> dict | None:
-    pipeline, store = widgets.pipeline(), widgets.store()
+def run(clip, settings) -> dict | None:
+    """One speculative decode, kept in the store; it times nothing against greedy (that is `time_it`)."""
     with st.status("Decoding…", expanded=True) as status:
         status.write("Speculative decode, keeping the draft's attention rows and aligning the transcript")
         try:
@@ -28,23 +27,35 @@ def run(clip, settings, repeats: int) -> dict | None:
             trace, problem = widgets.decode_with_reference(clip, replace(settings, keep_attention=True), progress)
             if problem:
                 st.warning(f"{problem}; the other positions are still shown.")
-            status.write(f"Timing greedy against speculative: {repeats} warm repetitions each, interleaved")
-            arms = {"greedy": replace(settings, draft=None), "speculative": replace(settings, reference="never")}
-            if settings.needs_reference:
-                arms["speculative"] = replace(settings, reference="always")
-            table, results = benchmark(pipeline, arms, [clip], repeats)
-            run_id = store.write_run([trace], "dashboard")
-            timed = store_results(store, results, "dashboard-bench")
+            run_id = widgets.store().write_run([trace], "dashboard")
         except widgets.DECODE_ERRORS as error:
             widgets.report(error)
             return None
         status.update(label="Done", state="complete", expanded=False)
-    speed = table.set_index("arm").loc["speculative"]
-    return {"trace": trace, "audio": clip.audio, "speed": speed, "repeats": repeats, "run": run_id} | timed
+    return {"trace": trace, "audio": clip.audio, "clip": clip, "settings": settings, "run": run_id, "timing": None}
+
+
+def time_it(clip, settings, repeats: int) -> dict | None:
+    """Greedy against speculative decoding of the clip through the bench's harness: `repeats` warm repetitions per
+    arm, interleaved, with the bench's A/A copy of greedy."""
+    arms = {"greedy": replace(settings, draft=None), "speculative": replace(settings, reference="never")}
+    if settings.needs_reference:
+        arms["speculative"] = replace(settings, reference="always")
+    with st.status(f"Timing greedy against speculative: {repeats} warm repetitions each", expanded=True) as status:
+        try:
+            table, results = benchmark(widgets.pipeline(), arms, [clip], repeats)
+            runs = store_results(widgets.store(), results, "dashboard-bench")
+        except widgets.DECODE_ERRORS as error:
+            widgets.report(error)
+            return None
+        status.update(label="Timed", state="complete", expanded=False)
+    rows = summary(table, results).set_index("arm")
+    timed = {"speed": rows.loc["speculative"], "greedy": rows.loc["greedy"], "aa": aa_check(results)}
+    return timed | {"runs": runs, "repeats": repeats}
 
 
 if st.button("Run", type="primary", key="run", disabled=clip is None):
-    st.session_state["decoded"] = run(clip, settings, repeats)
+    st.session_state["decoded"] = run(clip, settings)
 elif requested and st.session_state.get("opened") != requested:
     try:
         traces = widgets.store().traces(requested)
@@ -52,7 +63,7 @@ elif requested and st.session_state.get("opened") != requested:
         st.error(str(error))
         traces = []
     if traces:
-        st.session_state["decoded"] = {"trace": traces[0], "audio": None, "speed": None, "run": requested}
+        st.session_state["decoded"] = {"trace": traces[0], "audio": None, "clip": None, "run": requested}
     st.session_state["opened"] = requested
 
 result = st.session_state.get("decoded")
@@ -87,17 +98,42 @@ if trace.rounds:
     columns[1].metric("a2c (continuation)", "-" if accepted.a2c is None else f"{accepted.a2c:.2f}")
     columns[2].metric("L (accepted per round)", f"{accepted.L:.2f}")
     columns[3].metric("Rounds", accepted.rounds)
-if result["speed"] is not None:
-    speed = result["speed"]
+
+st.subheader("Speed")
+if result["clip"] is not None:
+    repeats = st.number_input("Timing repetitions per arm (warm, interleaved)", 1, 20, 5, key="repeats")
+    if st.button("Time it", key="time_it", help="Decode the clip again, greedy and speculative in turn, timed"):
+        result["timing"] = time_it(result["clip"], result["settings"], repeats)
+timing = result.get("timing")
+if timing is None:
+    how = "press Time it" if result["clip"] is not None else "decode the clip here with Run, then press Time it"
+    st.info(f"Not timed: a decode is not benchmarked unless asked; {how} to time it against greedy.")
+else:
+    speed, runs = timing["speed"], timing["runs"]
     columns = st.columns(3)
-    columns[0].metric("Decode-phase speedup", f"{speed.decode_speedup:.2f}x")
-    columns[1].metric("End-to-end speedup", f"{speed.total_speedup:.2f}x")
-    columns[2].metric("Greedy decode ms/token", f"{1000 * speed.greedy_decode / max(1, speed.tokens):.1f}")
-    st.caption(
-        f"Speedups against greedy decoding of the same clip: medians of {result['repeats']} warm repetitions per arm, "
-        f"interleaved, after one warm-up decode each (runs {result['greedy']} and {result['speculative']})."
-        + ("" if speed.same_tokens else " The speculative transcript differed from greedy's: report this as a bug.")
+    for column, phase, label in ((columns[0], "decode", "Decode-phase"), (columns[1], "total", "End-to-end")):
+        low, high = speed[f"{phase}_speedup_low"], speed[f"{phase}_speedup_high"]
+        column.metric(f"{label} speedup", f"{speed[f'{phase}_speedup_pooled']:.2f}x [{low:.2f}, {high:.2f}]")
+    columns[2].metric("Greedy decode ms/token", f"{timing['greedy'].ms_per_token:.1f}")
+    spread = (
+        "one repetition: no run-to-run spread to show"
+        if timing["repeats"] == 1
+        else "in brackets the 95% bootstrap interval over the repetitions, paired by repetition: the run-to-run spread"
     )
+    st.caption(
+        f"Speedups against greedy decoding of the same clip, medians of {timing['repeats']} warm repetitions per arm, "
+        f"interleaved, after one warm-up decode each; {spread} (runs {runs['greedy']} and {runs['speculative']})."
+    )
+    if not speed.same_tokens_clips:
+        st.error("The speculative transcript differed from greedy's: report this as a bug.")
+    aa = timing["aa"].set_index("phase")
+    st.caption(
+        f"A/A check, greedy timed twice in the same run (run {runs['greedy (A/A)']}): decode "
+        f"{aa.ratio['decode']:.3f}x [{aa.low['decode']:.3f}, {aa.high['decode']:.3f}], end-to-end "
+        f"{aa.ratio['total']:.3f}x [{aa.low['total']:.3f}, {aa.high['total']:.3f}]."
+    )
+    if warning := aa_warning(timing["aa"]):
+        st.warning(warning)
 
 st.subheader("Alignment drift")
 layers = max((len(v.verify_peaks) for v in trace.verified), default=1)

@@ -1,14 +1,24 @@
 """Our greedy loops against speculative loops and peer decoders, timed end to end on the same clips in one process,
-every arm through the pipeline, every ratio against the fastest greedy loop of ours on the device."""
+every arm through the pipeline, every ratio against the fastest greedy loop of ours on the device, with a second copy
+of our first greedy loop timed beside them: the A/A check."""
 
 import statistics
 from dataclasses import asdict, dataclass, field, replace
 
+import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
 from specasr.audio import Clip
-from specasr.metrics import acceptance, loop_costs, predicted_round_speedup, proposals_per_round, rho
+from specasr.metrics import (
+    aa_table,
+    acceptance,
+    loop_costs,
+    predicted_round_speedup,
+    proposals_per_round,
+    rho,
+    timed_ratio,
+)
 from specasr.pipeline import Pipeline
 from specasr.precision import token_agreement
 from specasr.store import Store
@@ -24,9 +34,14 @@ class ArmResult:
     repeats: list[int] = field(default_factory=list)
     device_seconds: dict[str, float] = field(default_factory=dict)  # its captured steps replayed back to back
     float32_agreement: tuple[float, int] | None = None  # token share, clips alike: against float32 greedy
+    copy_of: str | None = None  # the arm this one times again (the A/A check)
 
     def of_clip(self, clip_hash: str) -> list[Trace]:
         return [t for t in self.traces if t.clip_hash == clip_hash]
+
+    def seconds(self, clip_hashes: list[str], phase: str) -> np.ndarray:
+        """(clips, repetitions) seconds of one phase, repetition r in column r."""
+        return np.array([[getattr(t.timings, phase) for t in self.of_clip(h)] for h in clip_hashes])
 
 
 @dataclass
@@ -44,6 +59,9 @@ class ClipTiming:
     same_tokens: bool  # every repetition decoded the baseline's tokens
 
 
+PHASES = ("decode", "total")
+
+
 def _median(traces: list[Trace], phase: str) -> float:
     return statistics.median(getattr(t.timings, phase) for t in traces)
 
@@ -59,7 +77,8 @@ def benchmark(
 
     `arms` maps names to settings: speculative loops, peers, and our greedy loop, captured and eager where the
     device replays captured steps; the fastest greedy arm of ours (pooled decode time) is the baseline of every
-    ratio. No arm records verification peaks: the loop is timed, not the trace's diagnostics. After the timing,
+    ratio. A copy of the first greedy arm of ours, "NAME (A/A)", is timed last in every turn (aa_check), and is never
+    the baseline. No arm records verification peaks: the loop is timed, not the trace's diagnostics. After the timing,
     each arm's captured steps are timed alone, and arms in another precision are checked against float32 greedy.
     Returns one row per clip and arm, the baseline included (medians over repetitions), and every arm's decodes.
     """
@@ -70,6 +89,9 @@ def benchmark(
     for settings in arms.values():
         pipeline.decode(clips[0], settings)
     results = {name: ArmResult(pipeline.resolved(settings)) for name, settings in arms.items()}
+    copy = f"{greedy_arms[0]} (A/A)"
+    arms[copy] = arms[greedy_arms[0]]
+    results[copy] = ArmResult(results[greedy_arms[0]].settings, copy_of=greedy_arms[0])
     for clip in tqdm(clips, desc="bench", unit="clip"):
         for repeat in range(repeats):
             for name, settings in arms.items():
@@ -120,8 +142,9 @@ def _check_against_float32(pipeline: Pipeline, clips: list[Clip], results: dict[
 
 
 def summary(table: pd.DataFrame, results: dict[str, ArmResult]) -> pd.DataFrame:
-    """One row per arm: speedups over the baseline, the fastest greedy loop of ours (median over clips and pooled
-    over time), seconds per clip, decode-phase tokens per second and milliseconds per token, clips with the
+    """One row per arm: speedups over the baseline, the fastest greedy loop of ours (median over clips, and pooled
+    over time with its 95% interval over clips and the repetitions within each, paired with the baseline's,
+    metrics.timed_ratio), seconds per clip, decode-phase tokens per second and milliseconds per token, clips with the
     baseline's tokens and, for speculative arms, acceptance, rho, the cost model's decode speedup
     (1 + L) / (1 + K rho) with K the rounds' mean proposals, to hold against the measured one, and what the model
     leaves out: a verification pass in greedy steps, the share of the decode phase outside draft steps and
@@ -137,6 +160,7 @@ def summary(table: pd.DataFrame, results: dict[str, ArmResult]) -> pd.DataFrame:
     """
     baseline = table.baseline.iloc[0]
     greedy = results[baseline].traces
+    clip_hashes = _clip_hashes(results[baseline])
     rows = []
     for name, runs in table.groupby("arm", sort=False):
         result = results[name]
@@ -155,6 +179,9 @@ def summary(table: pd.DataFrame, results: dict[str, ArmResult]) -> pd.DataFrame:
             "ms_per_token": 1000 * decode / tokens,
             "same_tokens_clips": int(runs.same_tokens.sum()),
         }
+        for phase in PHASES:
+            pooled = timed_ratio(results[baseline].seconds(clip_hashes, phase), result.seconds(clip_hashes, phase))
+            row |= {f"{phase}_speedup_low": pooled.low, f"{phase}_speedup_high": pooled.high}
         if result.float32_agreement is not None:
             row |= dict(zip(("float32_token_agreement", "float32_same_clips"), result.float32_agreement, strict=True))
         if result.device_seconds:
@@ -172,6 +199,22 @@ def summary(table: pd.DataFrame, results: dict[str, ArmResult]) -> pd.DataFrame:
             row |= {"outside_share": costs.outside_share, "accounted_speedup": costs.accounted_speedup(model)}
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def aa_check(results: dict[str, ArmResult]) -> pd.DataFrame:
+    """The A/A check (metrics.aa_table): the copied greedy arm's time over its copy's, per phase, with the interval
+    over clips and the repetitions within each. Where it excludes 1, speed differences of that size are noise."""
+    copy = next(result for result in results.values() if result.copy_of is not None)
+    original = results[copy.copy_of]
+    clip_hashes = _clip_hashes(original)
+    ratios = {
+        phase: timed_ratio(original.seconds(clip_hashes, phase), copy.seconds(clip_hashes, phase)) for phase in PHASES
+    }
+    return aa_table(ratios).assign(arm=copy.copy_of)
+
+
+def _clip_hashes(result: ArmResult) -> list[str]:
+    return list(dict.fromkeys(t.clip_hash for t in result.traces))
 
 
 def store_results(store: Store, results: dict[str, ArmResult], command: str) -> dict[str, str]:

@@ -14,13 +14,15 @@ from tqdm import tqdm
 
 from specasr.align import ALIGNERS, AlignerUnavailableError, AlignmentError, get_aligner
 from specasr.audio import DEFAULT_MAX_SECONDS, AudioError, Clip, load_audio
-from specasr.bench import benchmark, store_results, summary
+from specasr.bench import aa_check, benchmark, store_results, summary
 from specasr.cache import cache_dir
 from specasr.dataset import DEFAULT_SPEECH_DIR, load_manifest, load_utterances, spread
 from specasr.draft import DraftMismatchError, shipped_drafts
-from specasr.experiments import AGGREGATION, MIN_SET_CLIPS, Grid, run_grid, weighting
+from specasr.experiments import AGGREGATION, MIN_SET_CLIPS, REPEATS, Grid, repetition_note, run_grid, weighting
 from specasr.experiments import tables as experiment_tables
-from specasr.metrics import acceptance, anchor_error_by_depth, word_error_rate
+from specasr.matched import AGGREGATION as MATCHED_AGGREGATION
+from specasr.matched import STARTS, matched_tables, run_matched
+from specasr.metrics import aa_warning, acceptance, anchor_error_by_depth, word_error_rate
 from specasr.peers import TARGET_LAYERS
 from specasr.pipeline import Pipeline
 from specasr.precision import precision_table
@@ -315,9 +317,10 @@ def cmd_bench(args: argparse.Namespace) -> None:
     store = pipeline.store
     table, results = benchmark(pipeline, arms, clips, args.repeats)
     runs = store_results(store, results, "bench") if store else {}
+    aa = aa_check(results)
     if args.json:
-        record = {"clips": _records(table), "summary": _records(summary(table, results))}
-        print(json.dumps(record | {"runs": runs}, default=_json_value))
+        record = {"clips": _records(table), "summary": _records(summary(table, results)), "aa": _records(aa)}
+        print(json.dumps(record | {"aa_warning": aa_warning(aa), "runs": runs}, default=_json_value))
         return
     print(table.to_string(index=False, float_format="%.4f"))
     print(
@@ -326,8 +329,16 @@ def cmd_bench(args: argparse.Namespace) -> None:
         "the fastest greedy loop of ours"
     )
     print(summary(table, results).to_string(index=False, float_format="%.3f"))
+    print(f"\nA/A check: {aa.arm.iloc[0]} over its copy, timed side by side")
+    print(aa.drop(columns="arm").to_string(index=False, float_format="%.3f"))
+    _warn(aa_warning(aa), repetition_note(args.repeats))
     for name, run_id in runs.items():
         print(f"stored {name} as run {run_id} in {store.path}")
+
+
+def _warn(*warnings: str | None) -> None:
+    for warning in filter(None, warnings):
+        print(f"warning: {warning}")
 
 
 def cmd_precision(args: argparse.Namespace) -> None:
@@ -397,8 +408,10 @@ def cmd_experiment(args: argparse.Namespace) -> None:
     found = experiment_tables(store, runs, sets)
     aggregation = f"{sets.rule}; {AGGREGATION}"
     best = found.cells.loc[found.cells.decode_speedup.idxmax()]
+    warnings = {"aa_warning": aa_warning(found.aa), "timing_note": repetition_note(args.repeats)}
     if args.json:
         record = {"aggregation": aggregation, "baseline_run": runs.baseline, "peaks_run": runs.peaks}
+        record |= {"second_baseline_run": runs.second_baseline, "repeats": args.repeats} | warnings
         record |= {name: _records(table) for name, table in vars(found).items()}
         print(json.dumps(record | {"best_run": best.run_id}, default=_json_value))
         return
@@ -414,6 +427,7 @@ def cmd_experiment(args: argparse.Namespace) -> None:
         ("Cells, set by set (Tables 1, 6)", found.cells_by_set.drop(columns="s", errors="ignore"), "%.3f"),
         ("Restart anchor error by outcome, set by set (Table 10)", found.outcomes_by_set, "%.3f"),
         ("Runtime correction, set by set (Table 16)", found.runtime_by_set, "%.3f"),
+        (f"A/A check: greedy over its second copy (run {runs.second_baseline})", found.aa, "%.3f"),
     ):
         if len(table):
             print(f"\n{title}\n{table.to_string(index=False, float_format=number_format)}")
@@ -421,6 +435,48 @@ def cmd_experiment(args: argparse.Namespace) -> None:
         f"\nfastest cell: {best.draft} {best.window} K={best.k} threshold={best.threshold:g}, "
         f"decode speedup {best.decode_speedup:.3f}x [{best.decode_speedup_low:.3f}, {best.decode_speedup_high:.3f}]"
     )
+    _warn(*warnings.values())
+
+
+def cmd_matched(args: argparse.Namespace) -> None:
+    try:
+        base = Settings(
+            target=args.target,
+            device=args.device,
+            dtype=args.dtype,
+            draft_dtype=args.draft_dtype,
+            k=args.k,
+            half_width_ms=args.half_width_ms,
+            runtime_layer=args.runtime_layer,
+            aligner=args.aligner,
+            max_seconds=args.max_seconds,
+            graphs=not args.eager,
+        )
+        drafts = [name for draft in args.draft or ["random"] for name in _expand_shipped(draft, args.target)]
+        for window in args.window:
+            replace(base, draft=drafts[0], window=window)  # checks every window before any work
+    except ValueError as error:
+        raise UsageError(str(error)) from error
+    utterances = spread(load_utterances(args.data), args.clips)
+    clips = [u.clip(args.max_seconds) for u in utterances]
+    sets = weighting({clip.hash: u.subset for clip, u in zip(clips, utterances, strict=True)}, args.min_set_clips)
+    conditions = run_matched(Pipeline(Store(args.db)), base, drafts, list(args.window), clips, sets, args.starts)
+    found = matched_tables(conditions, args.starts)
+    aggregation = f"{sets.rule}; {MATCHED_AGGREGATION}"
+    if args.json:
+        record = {"protocol": found.protocol, "aggregation": aggregation}
+        record |= {name: _records(table) for name, table in vars(found).items() if isinstance(table, pd.DataFrame)}
+        print(json.dumps(record, default=_json_value))
+        return
+    print(f"{args.target} on {len(clips)} clips of {args.data}, K={args.k}\nprotocol: {found.protocol}\n{aggregation}")
+    for title, table, number_format in (
+        ("Each condition", found.summary, "%.3f"),
+        ("Drift by depth (Table 12): anchor error in frames, survival, conditional acceptance", found.depths, "%.3f"),
+        ("Paired contrasts, b-a, same rounds", found.contrasts, "%+.3f"),
+        ("Anchor error by outcome and depth, frames; odds of an error over 200 ms (Table 12)", found.outcomes, "%.3f"),
+    ):
+        if len(table):
+            print(f"\n{title}\n{table.to_string(index=False, float_format=number_format)}")
 
 
 def _records(table: pd.DataFrame) -> list[dict]:
@@ -576,7 +632,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="a manifest.tsv or its folder; heldout: the held-out clips of ../shared/data/train-speech-2",
     )
     p.add_argument("--clips", type=int, default=20, help="N clips spread evenly over the manifest")
-    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=REPEATS,
+        help=f"timing repetitions per clip, interleaved; speed intervals resample them (under {REPEATS}: a warning)",
+    )
     p.add_argument(
         "--min-set-clips",
         type=int,
@@ -588,6 +649,28 @@ def build_parser() -> argparse.ArgumentParser:
     _add_store_options(p, optional=False)
     p.add_argument("--json", action="store_true", help="print one JSON object with cells and contrasts")
     p.set_defaults(run=cmd_experiment)
+
+    p = commands.add_parser("matched", help="every window from the same rounds, followed through K depths (Table 12)")
+    p.add_argument("--data", default=DEFAULT_SPEECH_DIR, help="a manifest.tsv or its folder; heldout")
+    p.add_argument("--clips", type=int, default=20, help="N clips spread evenly over the manifest")
+    p.add_argument("--min-set-clips", type=int, default=MIN_SET_CLIPS)
+    _add_clip_options(p)
+    about = "a shipped draft, a folder, random or random-no-audio; shipped: every shipped draft; repeat to compare"
+    p.add_argument("--draft", action="append", help=about)
+    p.add_argument("--draft-dtype", default=None, choices=list(DTYPES))
+    p.add_argument("--k", type=int, default=4, help="depths followed from each round start")
+    p.add_argument(
+        "--window", type=_listed(str, WINDOWS), default=("unrestricted", "correct", "shift"), help=", ".join(WINDOWS)
+    )
+    p.add_argument("--half-width-ms", type=float, default=400.0)
+    p.add_argument("--runtime-layer", type=int, default=None, help="target decoder layer (0-based) for runtime")
+    p.add_argument("--aligner", default="pocketsphinx", choices=list(ALIGNERS))
+    p.add_argument(
+        "--starts", default="loop", choices=list(STARTS), help="; ".join(f"{k}: {v}" for k, v in STARTS.items())
+    )
+    _add_store_options(p, optional=False)
+    p.add_argument("--json", action="store_true", help="print one JSON object with every table")
+    p.set_defaults(run=cmd_matched)
 
     p = commands.add_parser("train", help="train a draft (control, anchordraft or no-audio) for a target")
     _add_target_options(p)
@@ -649,7 +732,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = commands.add_parser("bench", help="time greedy vs speculative decoding on the same clips")
     p.add_argument("--speech-dir", type=Path, default=DEFAULT_SPEECH_DIR)
     p.add_argument("--clips", type=int, default=20, help="N clips spread evenly over the manifest")
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument(
+        "--repeats", type=int, default=REPEATS, help="timing repetitions per clip, interleaved; intervals resample them"
+    )
     p.add_argument(
         "--peers", type=_listed(str, DECODERS[1:]), default=(), help=f"peer decoders, e.g. {','.join(DECODERS[1:])}"
     )

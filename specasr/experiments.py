@@ -1,22 +1,23 @@
 """Experiments: a grid of drafts x windows x K x thresholds over the same clips, every decode kept in the run store,
 and the paper's tables computed from the stored runs.
 
-The greedy baseline runs once per clip and repetition and serves every cell; one more greedy pass per clip records
-every target layer's verification attention peak (Table 7), untimed. The baseline and the cells are decoded clip by
-clip in turn (the order rotating from clip to clip), so that a drift of the machine's speed falls on every cell
-alike, and written together as one batch of runs when all clips are done. Running the same grid again reuses a batch
-the store holds; a grid that adds a cell decodes the baseline and every cell again, since timings compare only
-within a batch.
+The greedy baseline runs once per clip and repetition and serves every cell; a second copy of it runs beside the
+cells, the A/A check (`aa_check`); one more greedy pass per clip records every target layer's verification attention
+peak (Table 7), untimed. The baseline, the cells and the copy are decoded clip by clip in turn (the order rotating
+from clip to clip), repetitions interleaved, so that a drift of the machine's speed falls on every cell alike, and
+written together as one batch of runs when all clips are done. Running the same grid again reuses a batch the store
+holds; a grid that adds a cell decodes the baseline, its copy and every cell again, since timings compare only within
+a batch.
 
 Aggregation as in the paper where the evaluation sets allow it: every metric is taken within each set and the sets
 are weighted equally, but only sets of at least MIN_SET_CLIPS clips count as sets of their own (`weighting`). Within
 a set, acceptance is pooled over the rounds of each cell's first repetition (every repetition decodes the same
 tokens) and speed is total time over total time of each clip's median over repetitions. Intervals are paired
-bootstrap percentile intervals: the same clips in both arms, clips resampled within their set, a clip with all its
-repetitions, and the sets themselves resampled where there are several.
+bootstrap percentile intervals: the same clips in both arms, clips resampled within their set, the sets themselves
+resampled where there are several, and for speed the repetitions of each drawn clip resampled too (the same ones in
+every arm, timed side by side), so that speed intervals hold run-to-run noise.
 """
 
-import statistics
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -30,6 +31,7 @@ from specasr.audio import Clip
 from specasr.metrics import (
     Interval,
     PeakAgreement,
+    aa_table,
     choose_runtime_layer,
     correction_pays,
     odds_ratio,
@@ -51,10 +53,12 @@ COMMAND = "experiment"
 AGGREGATION = (
     "within a set, acceptance pooled over the rounds of each cell's first repetition and speed as total over total "
     "of each clip's median over repetitions; 95% paired bootstrap intervals (10,000 draws, seed 0): clips resampled "
-    "within their set, and the sets themselves where there are several; peak agreement, restart outcomes and anchor "
-    "errors pooled over clips"
+    "within their set, and the sets themselves where there are several; for speed, each drawn clip's repetitions "
+    "resampled too, the same repetitions in both arms (timed side by side); peak agreement, restart outcomes and "
+    "anchor errors pooled over clips"
 )
 MIN_SET_CLIPS = 20  # a smaller evaluation set is not weighted as a set of its own
+REPEATS = 5  # timing repetitions: fewer leave the speed intervals little run-to-run noise to resample
 DRAWS = 10_000
 SEED = 0
 WINDOW_CONTRASTS = (  # (a, b): b - a
@@ -103,38 +107,73 @@ class GridRuns:
     baseline: str
     peaks: str
     cells: dict[Settings, str]  # by the settings each cell was asked with
+    second_baseline: str | None = None  # the baseline timed again beside it (the A/A check); None in older batches
 
 
-def run_grid(pipeline: Pipeline, store: Store, grid: Grid, clips: list[Clip], repeats: int = 1) -> GridRuns:
-    """Decode every clip under the baseline and every cell (`repeats` times) and the peaks pass (once), unless the
-    store holds them: the timed runs (baseline and cells) all from one batch, the untimed peaks pass from any."""
-    plan = {grid.baseline(): repeats, grid.peaks(): 1} | dict.fromkeys(grid.cells(), repeats)
-    resolved = {settings: pipeline.resolved(settings) for settings in plan}
-    held = {(run.settings, run.decoded): run for run in store.decoded(COMMAND)}
+def run_grid(pipeline: Pipeline, store: Store, grid: Grid, clips: list[Clip], repeats: int = REPEATS) -> GridRuns:
+    """Decode every clip under the baseline, every cell and the baseline's second copy (`repeats` times each) and the
+    peaks pass (once), unless the store holds them: the timed runs all from one batch, the untimed peaks pass from
+    any."""
+    cells = {settings: pipeline.resolved(settings) for settings in grid.cells()}
+    baseline, peaks = pipeline.resolved(grid.baseline()), pipeline.resolved(grid.peaks())
+    timed = [baseline, *dict.fromkeys(cells.values()), baseline]  # the copy last, away from the baseline
+    held = store.decoded(COMMAND)
+    timed_ids = _held_batch(held, timed, _decodes(clips, repeats))
+    peaks_id = _latest(held, peaks, _decodes(clips, 1))
+    slots = [] if timed_ids else [(settings, repeats) for settings in timed]
+    slots += [] if peaks_id else [(peaks, 1)]
+    written = iter(_decode_interleaved(pipeline, store, slots, clips) if slots else ())
+    timed_ids = timed_ids or [next(written) for _ in timed]
+    peaks_id = peaks_id or next(written)
+    by_settings = dict(zip(timed[1:-1], timed_ids[1:-1], strict=True))
+    return GridRuns(timed_ids[0], peaks_id, {asked: by_settings[s] for asked, s in cells.items()}, timed_ids[-1])
 
-    def wanted(settings: Settings) -> frozenset[tuple[str, int]]:
-        return frozenset((clip.hash, repeat) for clip in clips for repeat in range(plan[settings]))
 
-    found = {s: held.get((resolved[s], wanted(s))) for s in plan}
-    timed = [grid.baseline(), *grid.cells()]
-    if None in (found[s] for s in timed) or len({found[s].batch for s in timed}) > 1:
-        found |= dict.fromkeys(timed)
-    run_ids = {s: run.run_id for s, run in found.items() if run is not None}
-    pending = list(dict.fromkeys(resolved[s] for s in plan if s not in run_ids))
-    if pending:
-        written = _decode_interleaved(pipeline, store, pending, clips, {resolved[s]: plan[s] for s in plan})
-        run_ids |= {s: written[resolved[s]] for s in plan if s not in run_ids}
-    return GridRuns(run_ids.pop(grid.baseline()), run_ids.pop(grid.peaks()), run_ids)
+def _decodes(clips: list[Clip], repeats: int) -> frozenset[tuple[str, int]]:
+    return frozenset((clip.hash, repeat) for clip in clips for repeat in range(repeats))
+
+
+def _latest(held: list[DecodedRun], settings: Settings, decoded: frozenset) -> str | None:
+    """The latest run of these settings over exactly these decodes, from any batch."""
+    return next((run.run_id for run in reversed(held) if (run.settings, run.decoded) == (settings, decoded)), None)
+
+
+def _held_batch(held: list[DecodedRun], timed: list[Settings], decoded: frozenset) -> list[str] | None:
+    """The run ids, in the order of `timed`, of the latest batch that holds a run of each of its settings (of one
+    listed twice, two runs) over exactly these decodes; None where no batch does."""
+    batches: dict[str, list[DecodedRun]] = {}
+    for run in held:
+        if run.batch is not None and run.decoded == decoded:
+            batches.setdefault(run.batch, []).append(run)
+    for runs in reversed(batches.values()):
+        found = _take(runs, timed)
+        if found is not None:
+            return found
+    return None
+
+
+def _take(runs: list[DecodedRun], timed: list[Settings]) -> list[str] | None:
+    """A distinct run of `runs` for each of `timed`, the earliest first; None where one is missing."""
+    left, found = list(runs), []
+    for settings in timed:
+        run = next((run for run in left if run.settings == settings), None)
+        if run is None:
+            return None
+        left.remove(run)
+        found.append(run.run_id)
+    return found
 
 
 def stored_grid(store: Store, target: str) -> GridRuns | None:
-    """The latest experiment on `target` found in the store: its greedy baseline, the cells decoded beside it (the
-    latest run of each settings) and the latest peaks pass over the same clips; None where there is none."""
+    """The latest experiment on `target` found in the store: its greedy baseline and the baseline's second copy (the
+    first and second baseline run of its batch), the cells decoded beside it (the latest run of each settings) and
+    the latest peaks pass over the same clips; None where there is none."""
     runs = [run for run in store.decoded(COMMAND) if run.settings.target == target]
     baselines = [run for run in runs if run.settings.draft is None and not run.settings.verify_peaks]
     if not baselines:
         return None
-    baseline = baselines[-1]
+    latest = baselines[-1]
+    baseline, *copies = [run for run in baselines if run.batch == latest.batch] if latest.batch else [latest]
     clips = _clips(baseline)
     peaks = [run for run in runs if run.settings.verify_peaks and run.settings.draft is None and _clips(run) == clips]
     cells = {
@@ -142,7 +181,8 @@ def stored_grid(store: Store, target: str) -> GridRuns | None:
         for run in runs
         if run.settings.draft is not None and run.batch == baseline.batch and _clips(run) == clips
     }
-    return GridRuns(baseline.run_id, peaks[-1].run_id, cells) if peaks else None
+    second = copies[0].run_id if copies else None
+    return GridRuns(baseline.run_id, peaks[-1].run_id, cells, second) if peaks else None
 
 
 @dataclass(frozen=True)
@@ -180,22 +220,25 @@ def _clips(run: DecodedRun) -> set[str]:
 
 
 def _decode_interleaved(
-    pipeline: Pipeline, store: Store, pending: list[Settings], clips: list[Clip], repeats: dict[Settings, int]
-) -> dict[Settings, str]:
-    """Every pending run's decodes, clip by clip; then the runs, stored as one batch."""
-    for settings in pending:
+    pipeline: Pipeline, store: Store, slots: list[tuple[Settings, int]], clips: list[Clip]
+) -> list[str]:
+    """Every slot's decodes (its settings, so many repetitions), clip by clip, repetitions interleaved; then the runs,
+    one per slot, stored as one batch. Returns their run ids in the order of `slots`."""
+    for settings in dict.fromkeys(settings for settings, _ in slots):
         pipeline.decode(clips[0], settings)  # warm-up, not kept: the first decode of a cell loads and allocates
-    traces: dict[Settings, list[Trace]] = {settings: [] for settings in pending}
-    with tqdm(total=sum(repeats[s] for s in pending) * len(clips), unit="decode") as bar:
+    traces: list[list[Trace]] = [[] for _ in slots]
+    order = list(range(len(slots)))
+    with tqdm(total=sum(repeats for _, repeats in slots) * len(clips), unit="decode") as bar:
         for i, clip in enumerate(clips):
-            turn = pending[i % len(pending) :] + pending[: i % len(pending)]
-            for repeat in range(max(repeats.values())):
-                for settings in (s for s in turn if repeat < repeats[s]):
+            turn = order[i % len(order) :] + order[: i % len(order)]
+            for repeat in range(max(repeats for _, repeats in slots)):
+                for slot in (j for j in turn if repeat < slots[j][1]):
+                    settings = slots[slot][0]
                     bar.set_postfix_str(f"{clip.id} {cell_name(settings)}", refresh=False)
-                    traces[settings].append(pipeline.decode(clip, settings))
+                    traces[slot].append(pipeline.decode(clip, settings))
                     bar.update()
-    numbered = [(runs, [r for _ in clips for r in range(repeats[settings])]) for settings, runs in traces.items()]
-    return dict(zip(traces, store.write_runs(numbered, COMMAND), strict=True))
+    numbered = [(runs, [r for _ in clips for r in range(n)]) for runs, (_, n) in zip(traces, slots, strict=True)]
+    return store.write_runs(numbered, COMMAND)
 
 
 def cell_name(settings: Settings) -> str:
@@ -216,15 +259,15 @@ class ClipResult:
     trace: Trace  # the first repetition
     subset: str  # the clip's evaluation set
     group: str  # the set it is weighted in (`weighting`)
-    decode: float  # seconds, median over repetitions
-    total: float
-    greedy_decode: float
-    greedy_total: float
+    decode: tuple[float, ...]  # seconds, repetition by repetition (the baseline's beside them: timed side by side)
+    total: tuple[float, ...]
+    greedy_decode: tuple[float, ...]
+    greedy_total: tuple[float, ...]
     lossless: bool  # every repetition gave the greedy tokens
 
 
 def clip_results(baseline: list[Trace], traces: list[Trace], weights: Weighting | None = None) -> list[ClipResult]:
-    """A cell's clips in the baseline's order, each with its repetitions' medians and its sets (one set for all where
+    """A cell's clips in the baseline's order, each with its repetitions' timings and its sets (one set for all where
     `weights` is not given)."""
     cell = _by_clip(traces)
     results = []
@@ -237,14 +280,18 @@ def clip_results(baseline: list[Trace], traces: list[Trace], weights: Weighting 
                 trace=repeats[0],
                 subset=weights.sets[clip_hash] if weights else "all",
                 group=weights.groups[clip_hash] if weights else "all",
-                decode=statistics.median(t.timings.decode for t in repeats),
-                total=statistics.median(t.timings.total for t in repeats),
-                greedy_decode=statistics.median(t.timings.decode for t in greedy),
-                greedy_total=statistics.median(t.timings.total for t in greedy),
+                decode=_seconds(repeats, "decode"),
+                total=_seconds(repeats, "total"),
+                greedy_decode=_seconds(greedy, "decode"),
+                greedy_total=_seconds(greedy, "total"),
                 lossless=all(t.tokens == greedy[0].tokens for t in repeats),
             )
         )
     return results
+
+
+def _seconds(repeats: list[Trace], phase: str) -> tuple[float, ...]:
+    return tuple(getattr(t.timings, phase) for t in repeats)
 
 
 def _by_clip(traces: list[Trace]) -> dict[str, list[Trace]]:
@@ -255,13 +302,11 @@ def _by_clip(traces: list[Trace]) -> dict[str, list[Trace]]:
 
 
 def clip_columns(results: list[ClipResult]) -> dict[str, np.ndarray]:
-    """Per clip (rows): its first repetition's rounds that survived each depth 0..K, its median timings, and its
-    restart proposals by outcome and anchor error (metrics.outcome_counts)."""
+    """Per clip (rows): its first repetition's rounds that survived each depth 0..K, its timings (TIMINGS: clips x
+    repetitions), and its restart proposals by outcome and anchor error (metrics.outcome_counts)."""
     depths = range(max((r.trace.settings.k for r in results), default=0) + 1)
     survivors = [[sum(round.accepted >= d for round in r.trace.rounds) for d in depths] for r in results]
-    timings = {
-        name: [getattr(r, name) for r in results] for name in ("decode", "total", "greedy_decode", "greedy_total")
-    }
+    timings = {name: [getattr(r, name) for r in results] for name in TIMINGS}
     outcomes = [outcome_counts(*_restart_errors(r.trace), LARGE_ERROR_MS) for r in results]
     return {
         "survivors": np.array(survivors, dtype=float),
@@ -270,7 +315,7 @@ def clip_columns(results: list[ClipResult]) -> dict[str, np.ndarray]:
         "proposed": np.array([sum(len(round.proposed) for round in r.trace.rounds) for r in results], dtype=float),
         "draft": np.array([r.trace.draft_seconds for r in results]),
         "verify": np.array([r.trace.verify_seconds for r in results]),
-    } | {name: np.array(v) for name, v in timings.items()}
+    } | {name: np.array(v, dtype=float) for name, v in timings.items()}
 
 
 def _restart_errors(trace: Trace) -> tuple[list[float], list[bool]]:
@@ -291,7 +336,8 @@ def survival(depth: int) -> Callable[[dict[str, np.ndarray]], np.ndarray]:
 
 
 # Each metric is a ratio of sums over clips (acceptance pooled over rounds, total time over total time), so that
-# a bootstrap can resample clips for all its draws at once (metrics.pooled_bootstrap).
+# a bootstrap can resample clips for all its draws at once (metrics.pooled_bootstrap); a clip's time is the median of
+# its repetitions.
 METRICS: dict[str, Callable[[dict[str, np.ndarray]], np.ndarray]] = {
     "a1": survival(1),
     "a2c": lambda sums: _survivors(sums, 2) / _survivors(sums, 1),
@@ -299,6 +345,8 @@ METRICS: dict[str, Callable[[dict[str, np.ndarray]], np.ndarray]] = {
     "decode_speedup": lambda sums: sums["greedy_decode"] / sums["decode"],
     "total_speedup": lambda sums: sums["greedy_total"] / sums["total"],
 }
+SPEEDS = ("decode_speedup", "total_speedup")
+TIMINGS = ("decode", "total", "greedy_decode", "greedy_total")  # columns of clips x repetitions
 
 
 Columns = tuple[list[dict[str, np.ndarray]], list[str]]  # each arm's clip columns, and each clip's evaluation set
@@ -309,13 +357,19 @@ def _columns(*arms: list[ClipResult]) -> Columns:
     return [clip_columns(arm) for arm in arms], [r.group for r in arms[0]]
 
 
-def _interval(statistic: Callable[..., np.ndarray], columns: Columns) -> Interval:
-    return pooled_bootstrap(statistic, columns[0], DRAWS, SEED, strata=columns[1], resample_strata=True)
+def _interval(statistic: Callable[..., np.ndarray], columns: Columns, timed: bool = True) -> Interval:
+    """The statistic's interval; a timed one (reading TIMINGS) resamples each clip's repetitions too, and one that
+    is not is spared that work."""
+    arms, strata = columns
+    if not timed:
+        arms = [{name: column for name, column in arm.items() if name not in TIMINGS} for arm in arms]
+    repeated = TIMINGS if timed else ()
+    return pooled_bootstrap(statistic, arms, DRAWS, SEED, strata=strata, resample_strata=True, repeated=repeated)
 
 
 def _estimate(metric: Callable[..., np.ndarray], columns: Columns) -> float | None:
     try:
-        return pooled_estimate(metric, *columns)
+        return pooled_estimate(metric, *columns, repeated=TIMINGS)
     except ValueError:
         return None
 
@@ -398,7 +452,7 @@ def _differences(metrics: Sequence[str], columns: Columns) -> dict[str, Interval
     for metric in metrics:
         measure = METRICS[metric]
         try:
-            found[metric] = _interval(lambda a, b, measure=measure: measure(b) - measure(a), columns)
+            found[metric] = _interval(lambda a, b, measure=measure: measure(b) - measure(a), columns, metric in SPEEDS)
         except ValueError:
             continue
     return found
@@ -603,6 +657,23 @@ def sweep_table(cells: pd.DataFrame) -> pd.DataFrame:
     return sweep.sort_values(["draft", "window", "k", "threshold"]).reset_index(drop=True)
 
 
+def aa_check(baseline: list[Trace], second: list[Trace], weights: Weighting | None = None) -> pd.DataFrame:
+    """The A/A check (metrics.aa_table): the greedy baseline's time over its second copy's, decoded beside it in the
+    same batch, per phase, taken and resampled like every cell's speed. The copies disagree where the interval
+    excludes 1, and a speed difference between cells up to that ratio's distance from 1 is then machine noise."""
+    columns = _columns(clip_results(baseline, second, weights))
+    return aa_table({phase: _interval(METRICS[f"{phase}_speedup"], columns) for phase in ("decode", "total")})
+
+
+def repetition_note(repeats: int) -> str | None:
+    """What the speed intervals leave out with fewer than REPEATS timing repetitions; None with enough."""
+    if repeats == 1:
+        return "one timing repetition per clip: speed intervals hold no run-to-run noise"
+    if repeats < REPEATS:
+        return f"{repeats} timing repetitions per clip (under {REPEATS}): speed intervals hold little run-to-run noise"
+    return None
+
+
 @dataclass
 class Tables:
     cells: pd.DataFrame
@@ -614,6 +685,7 @@ class Tables:
     cells_by_set: pd.DataFrame  # the cells, each evaluation set on its own (Tables 1, 6)
     outcomes_by_set: pd.DataFrame  # Table 10, each set on its own
     runtime_by_set: pd.DataFrame  # Table 16, each set on its own
+    aa: pd.DataFrame  # the A/A check (aa_check); empty for an experiment stored before it
 
 
 def by_set(
@@ -640,6 +712,8 @@ def tables(store: Store, runs: GridRuns, weights: Weighting | None = None) -> Ta
 
     cells = cell_table(results)
     half_width = next(iter(runs.cells), Settings()).half_width_ms
+    second = runs.second_baseline
+    aa = aa_check(greedy, store.traces(second), weights) if second else aa_table({})
     return Tables(
         cells=cells,
         contrasts=pd.DataFrame([asdict(c) for c in contrasts(results)], columns=list(Contrast.__dataclass_fields__)),
@@ -650,4 +724,5 @@ def tables(store: Store, runs: GridRuns, weights: Weighting | None = None) -> Ta
         cells_by_set=by_set(results, cell_table),
         outcomes_by_set=by_set(results, outcome_table),
         runtime_by_set=by_set(results, runtime_table),
+        aa=aa,
     )

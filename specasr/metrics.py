@@ -2,7 +2,7 @@
 
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib.resources import files
@@ -268,10 +268,13 @@ def bootstrap(
 
 
 def pooled_estimate(
-    statistic: Callable[..., np.ndarray], arms: list[dict[str, np.ndarray]], strata: Sequence[str] | None = None
+    statistic: Callable[..., np.ndarray],
+    arms: list[dict[str, np.ndarray]],
+    strata: Sequence[str] | None = None,
+    repeated: Collection[str] = (),
 ) -> float:
     """The statistic of pooled sums on the sample itself (see pooled_bootstrap)."""
-    return pooled_bootstrap(statistic, arms, 0, strata=strata).estimate
+    return pooled_bootstrap(statistic, arms, 0, strata=strata, repeated=repeated).estimate
 
 
 def pooled_bootstrap(
@@ -283,6 +286,7 @@ def pooled_bootstrap(
     strata: Sequence[str] | None = None,
     chunk: int = 1000,
     resample_strata: bool = False,
+    repeated: Collection[str] = (),
 ) -> Interval:
     """Percentile interval for a statistic of pooled sums, all draws at once.
 
@@ -295,30 +299,39 @@ def pooled_bootstrap(
     replacement, each with a resample of its own, so that the interval covers the variation between strata and not
     only within them. Draws where the statistic is not finite are skipped, more than half is an error. With no
     draws the interval is the estimate itself.
+
+    The `repeated` columns hold timing repetitions, (utterances, repetitions): an utterance counts the median of
+    its repetitions. A draw resamples the repetitions of every utterance it takes, with replacement, so that the
+    interval holds run-to-run noise too; repetition r of every repeated column of every arm was timed side by side,
+    so the same repetitions are taken from all of them. Repetitions draw from a stream of their own: the utterances
+    drawn are those of a bootstrap without them.
     """
     sizes = {len(column) for arm in arms for column in arm.values()}
     if len(sizes) != 1 or not (n := sizes.pop()):
         raise ValueError("arms must hold the same non-empty utterances")
+    repetitions = _repetitions(arms, repeated)
     labels = np.zeros(n, dtype=int) if strata is None else np.unique(np.asarray(strata), return_inverse=True)[1]
     groups = [np.flatnonzero(labels == label) for label in range(labels.max() + 1)]
+    rng, repetition_rng = np.random.default_rng(seed), np.random.default_rng([seed, 1])
 
-    def evaluate(indices: list[np.ndarray]) -> np.ndarray:
+    def evaluate(indices: list[np.ndarray], resample: bool = True) -> np.ndarray:
         """The statistic per stratum: indices[g] (draws, members) picks stratum g's utterances in each draw."""
+        taken = [(index, _pick_repetitions(repetition_rng, index.shape, repetitions, resample)) for index in indices]
         sums = [
-            {name: np.stack([c[index].sum(axis=1) for index in indices], axis=1) for name, c in arm.items()}
+            {name: np.stack([_sums(c, *pick, name in repeated) for pick in taken], axis=1) for name, c in arm.items()}
             for arm in arms
         ]
         return statistic(*sums)  # (draws, strata)
 
     with np.errstate(divide="ignore", invalid="ignore"):
-        per_stratum = evaluate([group[None] for group in groups])[0]
+        per_stratum = evaluate([group[None] for group in groups], resample=False)[0]
         defined = np.isfinite(per_stratum)
         if not defined.any():
             raise ValueError("statistic undefined on the sample")
         estimate = float(per_stratum[defined].mean())
         if not draws:
             return Interval(estimate, estimate, estimate)
-        rng, values = np.random.default_rng(seed), []
+        values = []
         kept = np.flatnonzero(defined)
         slots = len(kept) if resample_strata else 1
         for start in range(0, draws, chunk):
@@ -337,6 +350,68 @@ def pooled_bootstrap(
         raise ValueError(f"statistic undefined in {draws - len(values)} of {draws} draws")
     low, high = np.quantile(values, [(1 - level) / 2, (1 + level) / 2])
     return Interval(estimate, float(low), float(high))
+
+
+def timed_ratio(
+    numerator: np.ndarray, denominator: np.ndarray, draws: int = 10_000, seed: int = 0, level: float = 0.95
+) -> Interval:
+    """Total time over total time of two arms timed side by side, from their (clips, repetitions) seconds, each clip
+    its median over repetitions: a speedup (baseline over candidate) or an A/A ratio. The interval resamples clips
+    and the repetitions within each, the same in both arms (pooled_bootstrap)."""
+    arms = [{"seconds": np.asarray(numerator, float)}, {"seconds": np.asarray(denominator, float)}]
+    return pooled_bootstrap(lambda a, b: a["seconds"] / b["seconds"], arms, draws, seed, level, repeated={"seconds"})
+
+
+def aa_table(ratios: dict[str, Interval]) -> pd.DataFrame:
+    """The A/A check: the same settings timed twice side by side, one row per phase with the ratio of their times
+    and its interval. They disagree where the interval excludes 1."""
+    rows = [
+        {"phase": phase, "ratio": r.estimate, "low": r.low, "high": r.high, "disagrees": not r.low <= 1 <= r.high}
+        for phase, r in ratios.items()
+    ]
+    return pd.DataFrame(rows, columns=["phase", "ratio", "low", "high", "disagrees"])
+
+
+def aa_warning(table: pd.DataFrame) -> str | None:
+    """What an A/A table (aa_table) means where its copies disagree: a speed difference up to their ratio's distance
+    from 1 is this machine's noise, not the settings'. None where they agree."""
+    apart = table[table.disagrees.astype(bool)]
+    if apart.empty:
+        return None
+    ratios = "; ".join(f"{r.phase} {r.ratio:.3f}x [{r.low:.3f}, {r.high:.3f}]" for r in apart.itertuples())
+    size = (apart.ratio - 1).abs().max()
+    return (
+        f"A/A check: the same settings timed twice disagree ({ratios}); speed differences of {size:.1%} or less "
+        "are machine noise here"
+    )
+
+
+def _repetitions(arms: list[dict[str, np.ndarray]], repeated: Collection[str]) -> int:
+    """The repetitions every repeated column holds (0 where none is repeated)."""
+    counts = {arm[name].shape[1] for arm in arms for name in repeated if name in arm}
+    if len(counts) > 1 or 0 in counts:
+        raise ValueError(f"repeated columns must hold the same non-zero number of repetitions, got {sorted(counts)}")
+    return counts.pop() if counts else 0
+
+
+def _pick_repetitions(
+    rng: np.random.Generator, shape: tuple[int, ...], repetitions: int, resample: bool
+) -> np.ndarray | None:
+    """Per drawn utterance (`shape`: draws, members), the repetitions it takes: a resample, or all in order."""
+    if not repetitions:
+        return None
+    if resample:
+        return rng.integers(0, repetitions, size=(*shape, repetitions))
+    return np.broadcast_to(np.arange(repetitions), (*shape, repetitions))
+
+
+def _sums(column: np.ndarray, index: np.ndarray, picks: np.ndarray | None, repeated: bool) -> np.ndarray:
+    """The column summed over the utterances each draw took (`index`: draws, members); a repeated column counts each
+    utterance's median over its picked repetitions."""
+    taken = column[index]
+    if repeated:
+        taken = np.median(np.take_along_axis(taken, picks, axis=-1), axis=-1)
+    return taken.sum(axis=1)
 
 
 def _defined(statistic: Callable[..., float | None], arms: list[list]) -> float:

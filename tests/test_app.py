@@ -1,6 +1,7 @@
 """Every dashboard page as a user drives it (Streamlit AppTest, widgets by key)."""
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -53,24 +54,35 @@ def test_live_decode_shows_transcript_metrics_and_drift(sample_clips):
     before = len(Store().runs())
     app = page()
     use_random_draft(app)
-    app.number_input(key="repeats").set_value(1)
     upload(app, "decode", "clip.wav", sample_clips[0].path.read_bytes())
     app.button(key="run").click().run()
     assert not app.exception and not app.error
     assert "cooler" in text_of(app) and "judgment" in text_of(app)
     labels = {m.label for m in app.metric}
-    assert {"a1 (restart)", "a2c (continuation)", "L (accepted per round)", "Decode-phase speedup"} <= labels
+    assert {"a1 (restart)", "a2c (continuation)", "L (accepted per round)"} <= labels
+    assert "Decode-phase speedup" not in labels and app.info[0].value.startswith("Not timed")  # Run only decodes
     drift = figures(app)["drift"]
     assert {"waveform", "draft peak, proposal rejected", "forced alignment"} <= set(names(drift))
     assert any(n.startswith("target verification peak") for n in names(drift))
     runs = Store().runs()
-    assert len(runs) == before + 3 and set(runs.command.iloc[:3]) == {"dashboard", "dashboard-bench"}
-    shown = [c.value for c in app.caption]
-    assert any(runs.run_id.iloc[2] in c or runs.run_id.iloc[0] in c for c in shown)
+    assert len(runs) == before + 1 and runs.command.iloc[0] == "dashboard"
+    assert any(runs.run_id.iloc[0] in c.value for c in app.caption)
+
+    assert app.number_input(key="repeats").value == 5
+    app.number_input(key="repeats").set_value(2)
+    app.button(key="time_it").click().run()  # greedy, speculative and greedy's A/A copy, two repetitions each
+    assert not app.exception and not app.error and not app.info
+    speedup = next(m for m in app.metric if m.label == "Decode-phase speedup")
+    assert re.fullmatch(r"\d+\.\d\dx \[\d+\.\d\d, \d+\.\d\d\]", speedup.value)  # the median and its spread
+    runs = Store().runs()
+    assert len(runs) == before + 4 and set(runs.command.iloc[:3]) == {"dashboard-bench"}
+    shown = " ".join(c.value for c in app.caption)
+    assert "medians of 2 warm repetitions per arm" in shown and "A/A check, greedy timed twice" in shown
 
     app.selectbox(key="layer").set_value(0).run()  # a new layer redraws; it does not decode again
-    assert len(Store().runs()) == before + 3
+    assert len(Store().runs()) == before + 4
     assert "target verification peak (layer 0)" in names(figures(app)["drift"])
+    assert any(m.label == "Decode-phase speedup" for m in app.metric)  # the timing stays with the decode
 
 
 def test_a_bad_upload_shows_its_message_and_stores_nothing():
@@ -89,7 +101,6 @@ def test_a_local_folder_target_is_read_and_refused_with_its_reason(tmp_path):
     app.sidebar.selectbox(key="target").set_value("a local model folder").run()
     app.sidebar.text_input(key="target_folder").set_value(str(tmp_path)).run()
     assert app.sidebar.selectbox(key="draft").options == ["random", "random-no-audio"]  # no shipped draft fits it
-    app.number_input(key="repeats").set_value(1)
     app.button(key="run").click().run()
     assert not app.exception
     assert "'bert' model; specasr reads these families: whisper, qwen3_asr, voxtral" in app.error[0].value
@@ -111,10 +122,15 @@ def test_checkpoints_page_compares_two_drafts():
     app = page("checkpoints")
     app.multiselect(key="checkpoint_drafts").set_value(["whisper-tiny.en/anchordraft", "random"])
     app.slider(key="checkpoint_count").set_value(1)
+    assert app.number_input(key="checkpoint_repeats").value == 5
+    app.number_input(key="checkpoint_repeats").set_value(2)
     app.button(key="compare").click().run()
     assert not app.exception and not app.error
     cells = frame_with(app, "draft", "lossless_clips")
     assert set(cells.draft) == {"anchordraft", "random"} and (cells.clips == 1).all()
+    assert (cells.decode_speedup_low <= cells.decode_speedup_high).all()
+    assert app.warning[0].value.startswith("2 timing repetitions per clip (under 5): speed intervals hold little")
+    assert frame_with(app, "phase", "ratio", "disagrees").phase.tolist() == ["decode", "total"]  # the A/A check
     differences = frame_with(app, "name", "metric", "estimate")
     assert set(differences.name) == {"random-anchordraft"} and {"a1", "L"} <= set(differences.metric)
     assert any(c.value.startswith("pooled over all 1 clips as one set") for c in app.caption)  # the set rule, said

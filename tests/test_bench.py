@@ -1,8 +1,11 @@
-"""The bench's baseline is the fastest greedy loop of ours, and it reports what each arm costs per token."""
+"""The bench's baseline is the fastest greedy loop of ours, it reports what each arm costs per token, and it times
+greedy twice: the A/A check."""
 
 import pytest
+from test_experiments import hand_trace
 
-from specasr.bench import benchmark, summary
+from specasr.bench import ArmResult, aa_check, benchmark, summary
+from specasr.metrics import aa_warning
 from specasr.trace import Settings
 
 
@@ -28,8 +31,40 @@ def test_the_fastest_greedy_arm_is_the_baseline_of_every_ratio(pipeline, sample_
     assert rows.float32_token_agreement["greedy"] == 1.0 and rows.float32_same_clips["greedy"] == 2
     assert rows.float32_token_agreement["random"] == 1.0
     assert 0 < rows.float32_token_agreement["greedy bfloat16"] <= 1
+    # Pooled speedups come with their interval; the first greedy arm is timed again, and is never the baseline.
+    assert (rows.decode_speedup_low <= rows.decode_speedup_pooled + 1e-12).all()
+    assert (rows.decode_speedup_pooled <= rows.decode_speedup_high + 1e-12).all()
+    copy = results["greedy (A/A)"]
+    assert copy.copy_of == "greedy" and copy.settings == results["greedy"].settings and len(copy.traces) == 2
+    assert not rows.baseline["greedy (A/A)"] and list(results)[-1] == "greedy (A/A)"  # timed last in every turn
+    aa = aa_check(results)
+    assert aa.phase.tolist() == ["decode", "total"] and set(aa.arm) == {"greedy"}
+    greedy, again = (sum(t.timings.decode for t in results[name].traces) for name in ("greedy", "greedy (A/A)"))
+    assert aa.ratio.iloc[0] == pytest.approx(greedy / again)  # one repetition: its times are the medians
 
 
 def test_a_bench_needs_our_greedy_loop(pipeline, sample_clips):
     with pytest.raises(ValueError, match="baseline"):
         benchmark(pipeline, {"random": Settings(draft="random")}, [sample_clips[0].clip()], repeats=1)
+
+
+def greedy_arm(u: tuple[float, ...], v: tuple[float, ...], copy_of: str | None = None) -> ArmResult:
+    """Greedy on clips u and v, repetition by repetition (decode seconds; features and encoder add 1 s)."""
+    traces = [hand_trace(Settings(), clip, [], s) for clip, times in (("u", u), ("v", v)) for s in times]
+    return ArmResult(Settings(), traces, copy_of=copy_of)
+
+
+def test_the_aa_check_against_a_hand_computation():
+    # The copy is 20% slower on u in every repetition, as fast on v.
+    greedy = greedy_arm((1, 2, 3), (1, 1, 1))
+    results = {"greedy": greedy, "greedy (A/A)": greedy_arm((1.2, 2.4, 3.6), (1, 1, 1), copy_of="greedy")}
+    aa = aa_check(results).set_index("phase")
+    # Medians: u 2 against 2.4 s, v 1 against 1 s.
+    assert aa.ratio["decode"] == pytest.approx(3 / 3.4) and aa.ratio["total"] == pytest.approx(5 / 5.4)
+    # A draw of v alone gives 1, of u alone 1 / 1.2: the interval holds both, and the check stays quiet.
+    assert aa.low["decode"] == pytest.approx(1 / 1.2) and aa.high["decode"] == pytest.approx(1.0)
+    assert not aa.disagrees.any() and aa_warning(aa.reset_index()) is None
+    results["greedy (A/A)"] = greedy_arm((0.5, 1, 1.5), (0.5, 0.5, 0.5), copy_of="greedy")  # twice as fast
+    aa = aa_check(results)
+    assert aa.ratio.iloc[0] == pytest.approx(2.0) and aa.disagrees.all()
+    assert aa_warning(aa).startswith("A/A check: the same settings timed twice disagree (decode 2.000x [2.000, 2.000]")

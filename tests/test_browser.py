@@ -1,6 +1,6 @@
 """The dashboard in a real browser: Debian's chromium driven by playwright against `streamlit run app.py`.
 
-Uploads a clip, presses Run, waits for the drift plot, visits every page and saves a screenshot of each in
+Uploads a clip, presses Run, waits for the drift plot, times it, visits every page and saves a screenshot of each in
 $SPECASR_SCREENSHOTS (default cache/screenshots). Skips, saying why, where chromium or playwright is missing.
 """
 
@@ -87,8 +87,12 @@ def test_a_user_decodes_a_clip_and_visits_every_page(server, sample_clips):
         page.get_by_text("L (accepted per round)").wait_for()
         settle(page)
         page.locator(".js-plotly-plot").first.wait_for()
+        assert "Not timed" in page.inner_text("body")  # Run decodes; timing waits for its own button
+        page.get_by_role("button", name="Time it").click()
+        page.get_by_text("Decode-phase speedup").wait_for()
+        settle(page)
         text = page.inner_text("body")
-        assert "judgment" in text and "Decode-phase speedup" in text and "Traceback" not in text
+        assert "judgment" in text and "A/A check" in text and "Traceback" not in text
         page.screenshot(path=str(shots / "live-decode.png"), full_page=True)
 
         page.get_by_role("link", name="Windows").click()
@@ -109,6 +113,7 @@ def test_a_user_decodes_a_clip_and_visits_every_page(server, sample_clips):
             settle(page)
             assert "Traceback" not in page.inner_text("body")
             page.screenshot(path=str(shots / f"{name.lower().replace(' ', '-')}.png"), full_page=True)
-        # the decode page kept its decode and both timed arms, the windows page one run per window
-        assert int(re.search(r"(\d+) runs in", page.inner_text("body")).group(1)) == 3 + len(WINDOWS)
+        # the decode page kept its decode and its three timed arms (greedy's A/A copy too), the windows page one run
+        # per window
+        assert int(re.search(r"(\d+) runs in", page.inner_text("body")).group(1)) == 4 + len(WINDOWS)
         browser.close()

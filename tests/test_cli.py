@@ -91,9 +91,12 @@ def test_bench_prints_a_table_and_summary(capsys, speech):
         "L",
         "tokens_per_second",
         "same_tokens_clips",
+        "decode_speedup_low",
+        "A/A check: greedy over its copy",
     ):
         assert column in out
-    assert sum(line.startswith("stored ") for line in out.splitlines()) == 3  # the greedy run and one per K
+    assert "warning: one timing repetition per clip" in out
+    assert sum(line.startswith("stored ") for line in out.splitlines()) == 4  # greedy, its A/A copy, one run per K
 
 
 def test_bench_times_peers_beside_our_loops_as_json(capsys, speech):
@@ -102,7 +105,8 @@ def test_bench_times_peers_beside_our_loops_as_json(capsys, speech):
     assert main([*argv, "--json"]) == 0
     record = json.loads(capsys.readouterr().out, parse_constant=pytest.fail)  # no NaN in the JSON
     summary = {row["arm"]: row for row in record["summary"]}
-    assert list(summary) == ["greedy", "transformers", "transformers-assisted", "random"]
+    assert list(summary) == ["greedy", "transformers", "transformers-assisted", "random", "greedy (A/A)"]
+    assert [row["phase"] for row in record["aa"]] == ["decode", "total"] and "aa_warning" in record
     assert set(record["runs"]) == set(summary)
     assert summary["greedy"]["decode_speedup_pooled"] == 1.0 and summary["greedy"]["L"] is None
     for peer in ("transformers", "transformers-assisted"):  # the same weights and features as our greedy loop

@@ -320,27 +320,30 @@ def test_a_grid_runs_once_and_resumes_without_duplicates(sample_clips, tmp_path)
     pipeline = Pipeline(store)
     clips = [u.clip() for u in sample_clips[:2]]
     grid = Grid(BASE, ("random",), ("unrestricted", "correct"), (2,))
-    runs = run_grid(pipeline, store, grid, clips)
+    runs = run_grid(pipeline, store, grid, clips, repeats=1)
     assert len(runs.cells) == 2 and set(runs.cells) == set(grid.cells())
-    history = store.runs()
-    assert len(history) == 4 and (history.decodes == 2).all() and set(history.command) == {COMMAND}
+    history = store.runs()  # the baseline and its second copy (the A/A check), the peaks pass, two cells
+    assert len(history) == 5 and (history.decodes == 2).all() and set(history.command) == {COMMAND}
+    copies = [store.traces(run_id)[0].settings for run_id in (runs.baseline, runs.second_baseline)]
+    assert runs.second_baseline not in (None, runs.baseline) and copies[0] == copies[1]
     rows = {table: _rows(store, table) for table in ("decodes", "rounds", "draft_steps", "verified_tokens")}
 
-    again = run_grid(Pipeline(store), store, grid, clips)
+    again = run_grid(Pipeline(store), store, grid, clips, repeats=1)
     assert again == runs
     assert store.runs().run_id.tolist() == history.run_id.tolist()  # nothing run or written twice
     assert {table: _rows(store, table) for table in rows} == rows
 
     more = Grid(BASE, ("random",), ("unrestricted", "shift"), (2,))
-    grown = run_grid(pipeline, store, more, clips)
-    assert len(store.runs()) == 7  # timings compare within a batch: the baseline and both cells again, not the peaks
+    grown = run_grid(pipeline, store, more, clips, repeats=1)
+    assert len(store.runs()) == 9  # timings compare within a batch: the baseline, its copy and both cells again
     assert grown.peaks == runs.peaks and grown.baseline != runs.baseline
     assert set(grown.cells.values()).isdisjoint(runs.cells.values())
     stored = stored_grid(store, BASE.target)  # the latest baseline with the cells decoded beside it
-    assert (stored.baseline, stored.peaks, set(stored.cells.values())) == (
+    assert (stored.baseline, stored.peaks, set(stored.cells.values()), stored.second_baseline) == (
         grown.baseline,
         grown.peaks,
         set(grown.cells.values()),
+        grown.second_baseline,
     )
     peaks = store.traces(runs.peaks)
     assert all(t.verified and t.reference_frames for t in peaks)  # every layer's verification peak, per token
@@ -353,7 +356,7 @@ def _rows(store: Store, table: str) -> int:
 
 def test_experiment_command_prints_the_tables_as_json(capsys, sample_clips, tmp_path):
     db = str(tmp_path / "runs.duckdb")
-    command = ["experiment", "--clips", "2", "--draft", "random", "--k", "2,3"]
+    command = ["experiment", "--clips", "2", "--draft", "random", "--k", "2,3", "--repeats", "1"]
     assert main([*command, "--window", "unrestricted", "--db", db, "--json"]) == 0
     record = json.loads(capsys.readouterr().out)
     assert {(c["draft"], c["k"]) for c in record["cells"]} == {("random", 2), ("random", 3)}
@@ -366,6 +369,8 @@ def test_experiment_command_prints_the_tables_as_json(capsys, sample_clips, tmp_
     layers = [row for row in record["peaks"] if row["source"].endswith("verification")]
     assert len(layers) == 4 and sum(row["runtime_layer"] for row in layers) == 1  # tiny.en: four decoder layers
     assert record["aggregation"].startswith("pooled over all 2 clips as one set (sets under 20 clips: ")
+    assert [row["phase"] for row in record["aa"]] == ["decode", "total"] and record["second_baseline_run"]
+    assert record["timing_note"] == "one timing repetition per clip: speed intervals hold no run-to-run noise"
     assert main([*command, "--window", "sideways", "--db", db]) == 2
     assert "unknown window" in capsys.readouterr().err
 

@@ -20,7 +20,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm 
 python3 -c "import torch, transformers, sys; print(sys.version.split()[0], 'torch', torch.__version__, 'transformers', transformers.__version__)"
 
 if [ "$job" = 2x2 ]; then
-    PYTHONPATH=$stage/code:/tmp/site python3 $stage/code/tools/gpu_2x2.py --stage $stage --out $out 2>>$out/log.txt
+    PYTHONPATH=$stage/code:/tmp/site python3 $stage/code/tools/gpu_2x2.py --stage $stage --out $out --epochs 16 --budget 420 2>>$out/log.txt
     exit
 fi
 if [ "$job" = float32 ]; then
