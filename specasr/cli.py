@@ -18,7 +18,16 @@ from specasr.bench import aa_check, benchmark, store_results, summary
 from specasr.cache import cache_dir
 from specasr.dataset import DEFAULT_SPEECH_DIR, load_manifest, load_utterances, spread
 from specasr.draft import DraftMismatchError, shipped_drafts
-from specasr.experiments import AGGREGATION, MIN_SET_CLIPS, REPEATS, Grid, repetition_note, run_grid, weighting
+from specasr.experiments import (
+    AGGREGATION,
+    MIN_SET_CLIPS,
+    PROTOCOL,
+    REPEATS,
+    Grid,
+    repetition_note,
+    run_grid,
+    weighting,
+)
 from specasr.experiments import tables as experiment_tables
 from specasr.matched import AGGREGATION as MATCHED_AGGREGATION
 from specasr.matched import STARTS, matched_tables, run_matched
@@ -410,13 +419,14 @@ def cmd_experiment(args: argparse.Namespace) -> None:
     best = found.cells.loc[found.cells.decode_speedup.idxmax()]
     warnings = {"aa_warning": aa_warning(found.aa), "timing_note": repetition_note(args.repeats)}
     if args.json:
-        record = {"aggregation": aggregation, "baseline_run": runs.baseline, "peaks_run": runs.peaks}
+        record = {"protocol": PROTOCOL, "aggregation": aggregation, "baseline_run": runs.baseline}
+        record["peaks_run"] = runs.peaks
         record |= {"second_baseline_run": runs.second_baseline, "repeats": args.repeats} | warnings
         record |= {name: _records(table) for name, table in vars(found).items()}
         print(json.dumps(record | {"best_run": best.run_id}, default=_json_value))
         return
     print(f"{args.target} on {len(clips)} clips of {args.data} x {args.repeats} repeats")
-    print(f"greedy run {runs.baseline}, verification-peaks run {runs.peaks}\n{aggregation}")
+    print(f"greedy run {runs.baseline}, verification-peaks run {runs.peaks}\nprotocol: {PROTOCOL}\n{aggregation}")
     for title, table, number_format in (
         ("Cells (Tables 1, 2, 3, 6)", found.cells.drop(columns="s"), "%.3f"),
         ("Contrasts, b-a (Tables 1, 2, 3, 6, 16)", found.contrasts, "%+.3f"),

@@ -57,6 +57,10 @@ AGGREGATION = (
     "resampled too, the same repetitions in both arms (timed side by side); peak agreement, restart outcomes and "
     "anchor errors pooled over clips"
 )
+PROTOCOL = (
+    "real loop: every cell decodes with rounds of its own, so a window's conditional acceptance is taken on its own "
+    "loop's survivors (matched rounds: python -m specasr matched)"
+)
 MIN_SET_CLIPS = 20  # a smaller evaluation set is not weighted as a set of its own
 REPEATS = 5  # timing repetitions: fewer leave the speed intervals little run-to-run noise to resample
 DRAWS = 10_000

@@ -311,15 +311,18 @@ def summary_table(conditions: list[Condition]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def contrast_table(conditions: list[Condition], pairs=MATCHED_CONTRASTS) -> pd.DataFrame:
-    """Paired contrasts b - a at equal draft, from the same rounds: s_k and a_k^c by depth, and L."""
-    by_key = {(c.draft, c.window): c for c in conditions}
+def contrast_table(conditions: list[Condition], pairs=MATCHED_CONTRASTS, by: str = "window") -> pd.DataFrame:
+    """Paired contrasts b - a, clip by clip: s_k and a_k^c by depth, and L; between windows at equal draft (from the
+    same rounds), or with by="draft" between drafts at equal window (the same rounds where starts are every
+    position; with the loop's starts each draft keeps its own)."""
+    held = "draft" if by == "window" else "window"
+    by_key = {(getattr(c, held), getattr(c, by)): c for c in conditions}
     rows = []
-    for draft in dict.fromkeys(c.draft for c in conditions):
+    for fixed in dict.fromkeys(getattr(c, held) for c in conditions):
         for a, b in pairs:
-            if (draft, a) not in by_key or (draft, b) not in by_key:
+            if (fixed, a) not in by_key or (fixed, b) not in by_key:
                 continue
-            arms = [by_key[draft, a].rollouts, by_key[draft, b].rollouts]
+            arms = [by_key[fixed, a].rollouts, by_key[fixed, b].rollouts]
             depths = arms[0][0].accepted.shape[1] if arms[0] else 0
             metrics = {"L": (None, METRICS["L"])}
             for depth in range(1, depths + 1):
@@ -331,7 +334,7 @@ def contrast_table(conditions: list[Condition], pairs=MATCHED_CONTRASTS) -> pd.D
                     found = _interval(lambda x, y, m=metric: m(y) - m(x), arms)
                 except ValueError:  # no round reaches this depth in one arm
                     continue
-                rows.append({"draft": draft, "contrast": f"{b}-{a}", "metric": name, "depth": depth, **asdict(found)})
+                rows.append({held: fixed, "contrast": f"{b}-{a}", "metric": name, "depth": depth, **asdict(found)})
     return pd.DataFrame(rows).astype({"depth": "Int64"}) if rows else pd.DataFrame()
 
 

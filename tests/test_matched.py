@@ -112,3 +112,11 @@ def test_rollouts_from_the_loops_own_rounds_are_the_loops_rounds(pipeline, tiny_
             assert found.centres[i, depth - 1] == (-1 if step.window_centre is None else step.window_centre)
             if depth <= r.accepted + 1:  # past a rejection the loop reads its own wrong token, the rollout the truth
                 assert found.draft_peaks[i, depth - 1] == step.draft_peak
+
+
+def test_draft_contrasts_pair_drafts_at_equal_window():
+    better = replace(B, accepted=np.array([[1, 1, 1], [1, 0, 0]], dtype=bool))
+    conditions = [Condition("control", "unrestricted", [A, B]), Condition("anchordraft", "unrestricted", [A, better])]
+    table = contrast_table(conditions, (("control", "anchordraft"),), by="draft").set_index("metric")
+    assert set(table.contrast) == {"anchordraft-control"} and set(table.window) == {"unrestricted"}
+    assert table.loc["L", "estimate"] == pytest.approx(8 / 5 - 6 / 5)
