@@ -312,10 +312,12 @@ def summary_table(conditions: list[Condition]) -> pd.DataFrame:
 
 
 def contrast_table(conditions: list[Condition], pairs=MATCHED_CONTRASTS, by: str = "window") -> pd.DataFrame:
-    """Paired contrasts b - a, clip by clip: s_k and a_k^c by depth, and L; between windows at equal draft (from the
-    same rounds), or with by="draft" between drafts at equal window (the same rounds where starts are every
+    """Paired contrasts b - a, clip by clip: s_k and a_k^c by depth, and L; between windows at equal audio draft (from
+    the same rounds), or with by="draft" between drafts at equal window (the same rounds where starts are every
     position; with the loop's starts each draft keeps its own)."""
     held = "draft" if by == "window" else "window"
+    if by == "window":  # a window changes nothing for a draft that does not attend to the audio
+        conditions = [c for c in conditions if any((r.draft_peaks >= 0).any() for r in c.rollouts)]
     by_key = {(getattr(c, held), getattr(c, by)): c for c in conditions}
     rows = []
     for fixed in dict.fromkeys(getattr(c, held) for c in conditions):

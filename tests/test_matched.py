@@ -120,3 +120,9 @@ def test_draft_contrasts_pair_drafts_at_equal_window():
     table = contrast_table(conditions, (("control", "anchordraft"),), by="draft").set_index("metric")
     assert set(table.contrast) == {"anchordraft-control"} and set(table.window) == {"unrestricted"}
     assert table.loc["L", "estimate"] == pytest.approx(8 / 5 - 6 / 5)
+
+
+def test_windows_are_not_contrasted_for_a_draft_without_audio_attention():
+    deaf = [replace(r, draft_peaks=np.full(r.accepted.shape, -1)) for r in (A, B)]
+    conditions = [Condition("no-audio", "unrestricted", deaf), Condition("no-audio", "correct", deaf)]
+    assert contrast_table(conditions).empty
