@@ -24,6 +24,7 @@ from specasr.experiments import (
     PROTOCOL,
     REPEATS,
     Grid,
+    Weighting,
     repetition_note,
     run_grid,
     weighting,
@@ -391,27 +392,39 @@ def _expand_shipped(draft: str, target: str) -> list[str]:
     return names
 
 
+def _grid_settings(args: argparse.Namespace, **fixed) -> tuple[Settings, list[str]]:
+    """What every cell of an experiment or a matched run shares, and its drafts (`shipped` expanded)."""
+    base = Settings(
+        target=args.target,
+        device=args.device,
+        dtype=args.dtype,
+        draft_dtype=args.draft_dtype,
+        half_width_ms=args.half_width_ms,
+        runtime_layer=args.runtime_layer,
+        aligner=args.aligner,
+        max_seconds=args.max_seconds,
+        graphs=not args.eager,
+        **fixed,
+    )
+    return base, [name for draft in args.draft or ["random"] for name in _expand_shipped(draft, args.target)]
+
+
+def _evaluation_clips(args: argparse.Namespace) -> tuple[list[Clip], Weighting]:
+    """--clips clips spread over --data, and how their evaluation sets are weighted."""
+    utterances = spread(load_utterances(args.data), args.clips)
+    clips = [u.clip(args.max_seconds) for u in utterances]
+    sets = {clip.hash: u.subset for clip, u in zip(clips, utterances, strict=True)}
+    return clips, weighting(sets, args.min_set_clips)
+
+
 def cmd_experiment(args: argparse.Namespace) -> None:
     try:
-        base = Settings(
-            target=args.target,
-            device=args.device,
-            dtype=args.dtype,
-            draft_dtype=args.draft_dtype,
-            half_width_ms=args.half_width_ms,
-            runtime_layer=args.runtime_layer,
-            aligner=args.aligner,
-            max_seconds=args.max_seconds,
-            graphs=not args.eager,
-        )
-        drafts = [name for draft in args.draft or ["random"] for name in _expand_shipped(draft, args.target)]
+        base, drafts = _grid_settings(args)
         grid = Grid(base, tuple(drafts), args.window, args.k, args.threshold)
         grid.cells()  # checks every cell's settings before any work
     except ValueError as error:
         raise UsageError(str(error)) from error
-    utterances = spread(load_utterances(args.data), args.clips)
-    clips = [u.clip(args.max_seconds) for u in utterances]
-    sets = weighting({clip.hash: u.subset for clip, u in zip(clips, utterances, strict=True)}, args.min_set_clips)
+    clips, sets = _evaluation_clips(args)
     store = Store(args.db)
     runs = run_grid(Pipeline(store), store, grid, clips, args.repeats)
     found = experiment_tables(store, runs, sets)
@@ -450,26 +463,12 @@ def cmd_experiment(args: argparse.Namespace) -> None:
 
 def cmd_matched(args: argparse.Namespace) -> None:
     try:
-        base = Settings(
-            target=args.target,
-            device=args.device,
-            dtype=args.dtype,
-            draft_dtype=args.draft_dtype,
-            k=args.k,
-            half_width_ms=args.half_width_ms,
-            runtime_layer=args.runtime_layer,
-            aligner=args.aligner,
-            max_seconds=args.max_seconds,
-            graphs=not args.eager,
-        )
-        drafts = [name for draft in args.draft or ["random"] for name in _expand_shipped(draft, args.target)]
+        base, drafts = _grid_settings(args, k=args.k)
         for window in args.window:
             replace(base, draft=drafts[0], window=window)  # checks every window before any work
     except ValueError as error:
         raise UsageError(str(error)) from error
-    utterances = spread(load_utterances(args.data), args.clips)
-    clips = [u.clip(args.max_seconds) for u in utterances]
-    sets = weighting({clip.hash: u.subset for clip, u in zip(clips, utterances, strict=True)}, args.min_set_clips)
+    clips, sets = _evaluation_clips(args)
     conditions = run_matched(Pipeline(Store(args.db)), base, drafts, list(args.window), clips, sets, args.starts)
     found = matched_tables(conditions, args.starts)
     aggregation = f"{sets.rule}; {MATCHED_AGGREGATION}"

@@ -369,6 +369,7 @@ def test_experiment_command_prints_the_tables_as_json(capsys, sample_clips, tmp_
     layers = [row for row in record["peaks"] if row["source"].endswith("verification")]
     assert len(layers) == 4 and sum(row["runtime_layer"] for row in layers) == 1  # tiny.en: four decoder layers
     assert record["aggregation"].startswith("pooled over all 2 clips as one set (sets under 20 clips: ")
+    assert record["protocol"].startswith("real loop")
     assert [row["phase"] for row in record["aa"]] == ["decode", "total"] and record["second_baseline_run"]
     assert record["timing_note"] == "one timing repetition per clip: speed intervals hold no run-to-run noise"
     assert main([*command, "--window", "sideways", "--db", db]) == 2

@@ -126,3 +126,23 @@ def test_windows_are_not_contrasted_for_a_draft_without_audio_attention():
     deaf = [replace(r, draft_peaks=np.full(r.accepted.shape, -1)) for r in (A, B)]
     conditions = [Condition("no-audio", "unrestricted", deaf), Condition("no-audio", "correct", deaf)]
     assert contrast_table(conditions).empty
+
+
+def test_matched_command_prints_every_table_with_its_protocol(capsys, sample_clips, tmp_path):
+    import json
+
+    from specasr.cli import main
+
+    command = ["matched", "--clips", "2", "--draft", "random", "--k", "2", "--db", str(tmp_path / "runs.duckdb")]
+    assert main([*command, "--window", "unrestricted,shift", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["protocol"].startswith("matched rounds: every window starts from the same rounds (the round starts")
+    assert {(row["draft"], row["window"]) for row in record["summary"]} == {
+        ("random", "unrestricted"),
+        ("random", "shift"),
+    }
+    assert {row["depth"] for row in record["depths"]} == {1, 2}
+    assert {row["contrast"] for row in record["contrasts"]} == {"shift-unrestricted"}
+    with pytest.raises(SystemExit):  # argparse refuses it, before any work
+        main([*command, "--window", "sideways"])
+    assert "unknown sideways" in capsys.readouterr().err
