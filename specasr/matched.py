@@ -137,8 +137,8 @@ def roll_out(
         transcript + k + 1,
     )
     policy.observe_verified(0, view.peaks[:, _runtime_layer(target, settings)])
-    starts_t = torch.tensor(starts, device=view.memory.device)
-    centres = torch.stack([policy.centres(v, k, v) for v in starts])  # (R, K)
+    starts_t = torch.tensor(starts, dtype=torch.long, device=view.memory.device)
+    centres = torch.stack([policy.centres(v, k, v) for v in starts]) if starts else starts_t.view(0, 1).expand(0, k)
 
     length = n_tokens - 1 + k  # room for the last round's chain past end-of-text
     features = view.hidden[:, list(draft.config.taps)].reshape(n_tokens - 1, -1)
@@ -155,13 +155,13 @@ def roll_out(
             chosen.append(draft.vocab_to_target(draft.logits(out.hidden[0, at]).argmax(dim=-1)))
             peaks.append(out.attention[0, at].argmax(dim=-1) if out.attention is not None else torch.full_like(at, -1))
     proposed = torch.stack(chosen, dim=1).cpu().numpy()
-    index = np.asarray(starts)[:, None] + np.arange(k)[None, :]  # transcript index of each proposal
+    index = np.asarray(starts, dtype=int)[:, None] + np.arange(k)[None, :]  # transcript index of each proposal
     truth = np.asarray(view.tokens[prompt:] + [-1] * k)[index]
     reference = np.concatenate([view.reference, np.full(k + 1, NO_WINDOW)])[index]
     return Rollouts(
         clip_hash=view.clip.hash,
         group=group,
-        starts=np.asarray(starts),
+        starts=np.asarray(starts, dtype=int),
         accepted=proposed == truth,  # the truth past end-of-text is -1: nothing after it counts, as in the loop
         draft_peaks=torch.stack(peaks, dim=1).cpu().numpy(),
         centres=centres.cpu().numpy(),

@@ -104,6 +104,7 @@ def test_rollouts_from_the_loops_own_rounds_are_the_loops_rounds(pipeline, tiny_
     settings = replace(settings, window=window, reference="always")
     trace = pipeline.decode(clip, settings)
     found = roll_out(tiny_en, pipeline.draft(settings), view, settings, [r.start for r in trace.rounds])
+    assert roll_out(tiny_en, pipeline.draft(settings), view, settings, []).accepted.shape == (0, 4)
     assert np.cumprod(found.accepted, axis=1).sum(axis=1).tolist() == [r.accepted for r in trace.rounds]
     made = {(s.round, s.depth): s for s in trace.steps}
     for i, r in enumerate(trace.rounds):
