@@ -11,6 +11,7 @@ proposals are the loop's own on those rounds.
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
+from functools import cached_property
 
 import numpy as np
 import pandas as pd
@@ -233,12 +234,6 @@ def conditional(depth: int) -> Callable[[dict[str, np.ndarray]], np.ndarray]:
     return lambda sums: sums["survivors"][..., depth] / sums["survivors"][..., depth - 1]
 
 
-def _interval(statistic: Callable[..., np.ndarray], arms: list[list[Rollouts]]) -> Interval:
-    columns = [clip_columns(arm) for arm in arms]
-    strata = [r.group for r in arms[0]]
-    return pooled_bootstrap(statistic, columns, DRAWS, SEED, strata=strata, resample_strata=True)
-
-
 @dataclass(frozen=True)
 class Condition:
     """One draft under one window, rolled out from the same rounds as every other condition of its draft."""
@@ -246,6 +241,27 @@ class Condition:
     draft: str
     window: str
     rollouts: list[Rollouts]
+
+    @cached_property
+    def columns(self) -> dict[str, np.ndarray]:
+        """Its clip columns, built once for every metric and depth taken of them."""
+        return clip_columns(self.rollouts)
+
+    @property
+    def strata(self) -> list[str]:
+        return [r.group for r in self.rollouts]
+
+
+def _interval(statistic: Callable[..., np.ndarray], arms: list[Condition]) -> Interval:
+    columns = [arm.columns for arm in arms]
+    return pooled_bootstrap(statistic, columns, DRAWS, SEED, strata=arms[0].strata, resample_strata=True)
+
+
+def _estimate(metric: Callable[..., np.ndarray], condition: Condition) -> float | None:
+    try:
+        return pooled_bootstrap(metric, [condition.columns], 0, strata=condition.strata).estimate
+    except ValueError:
+        return None
 
 
 def run_matched(
@@ -276,7 +292,7 @@ def depth_table(conditions: list[Condition]) -> pd.DataFrame:
     """Table 12, top: per condition and depth, the reached proposals' mean anchor error (frames), s_k and a_k^c."""
     rows = []
     for c in conditions:
-        sums = {name: column.sum(axis=0) for name, column in clip_columns(c.rollouts).items()}
+        sums = {name: column.sum(axis=0) for name, column in c.columns.items()}
         survivors = sums["survivors"]
         for depth in range(1, len(survivors)):
             count = sums["error_count"][depth - 1]
@@ -287,8 +303,8 @@ def depth_table(conditions: list[Condition]) -> pd.DataFrame:
                     "depth": depth,
                     "reached": int(survivors[depth - 1]),
                     "error_frames": sums["error_sum"][depth - 1] / count if count else None,
-                    "s": _estimate(survival(depth), c.rollouts),
-                    "a_c": _estimate(conditional(depth), c.rollouts),
+                    "s": _estimate(survival(depth), c),
+                    "a_c": _estimate(conditional(depth), c),
                 }
             )
     return pd.DataFrame(rows)
@@ -303,7 +319,7 @@ def summary_table(conditions: list[Condition]) -> pd.DataFrame:
         row["rounds"] = int(sum(len(r.starts) for r in c.rollouts))
         for name, metric in metrics.items():
             try:
-                found = _interval(metric, [c.rollouts])
+                found = _interval(metric, [c])
             except ValueError:  # beyond K
                 continue
             row |= {name: found.estimate, f"{name}_low": found.low, f"{name}_high": found.high}
@@ -324,8 +340,8 @@ def contrast_table(conditions: list[Condition], pairs=MATCHED_CONTRASTS, by: str
         for a, b in pairs:
             if (fixed, a) not in by_key or (fixed, b) not in by_key:
                 continue
-            arms = [by_key[fixed, a].rollouts, by_key[fixed, b].rollouts]
-            depths = arms[0][0].accepted.shape[1] if arms[0] else 0
+            arms = [by_key[fixed, a], by_key[fixed, b]]
+            depths = arms[0].rollouts[0].accepted.shape[1] if arms[0].rollouts else 0
             metrics = {"L": (None, METRICS["L"])}
             for depth in range(1, depths + 1):
                 metrics[f"s{depth}"] = (depth, survival(depth))
@@ -351,7 +367,7 @@ def outcome_table(conditions: list[Condition]) -> pd.DataFrame:
             if not outcomes.any() or outcomes.all():
                 continue
             try:
-                ratio = _interval(lambda sums, d=depth: odds_ratio(sums["outcomes"][..., d - 1, :]), [c.rollouts])
+                ratio = _interval(lambda sums, d=depth: odds_ratio(sums["outcomes"][..., d - 1, :]), [c])
             except ValueError:  # an empty cell in most draws
                 ratio = Interval(float("nan"), float("nan"), float("nan"))
             rows.append(
@@ -379,13 +395,6 @@ def _errors_at(rollouts: list[Rollouts], depth: int) -> tuple[np.ndarray, np.nda
         errors.append(np.abs(r.draft_peaks - r.reference)[known, depth - 1])
         outcomes.append(r.accepted[known, depth - 1])
     return np.concatenate(errors), np.concatenate(outcomes)
-
-
-def _estimate(metric: Callable[..., np.ndarray], rollouts: list[Rollouts]) -> float | None:
-    try:
-        return pooled_bootstrap(metric, [clip_columns(rollouts)], 0, strata=[r.group for r in rollouts]).estimate
-    except ValueError:
-        return None
 
 
 @dataclass
