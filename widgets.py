@@ -3,7 +3,10 @@ decoding with reference frames where the aligner can make them, progress and err
 
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import soundfile
 import streamlit as st
 import torch
@@ -49,26 +52,98 @@ def devices() -> list[str]:
     return (["cuda"] if torch.cuda.is_available() else []) + ["cpu"]
 
 
+# Sidebar settings kept in the page's address, so that a link reopens the same view: query parameter -> its type.
+URL_SETTINGS = {"target": str, "device": str, "dtype": str, "draft": str, "window": str, "k": int, "threshold": float}
+
+
+def adopt_settings(settings: Settings) -> None:
+    """Set the sidebar to a decode's settings (before the sidebar is drawn): the view then shows what it ran with."""
+    values = {name: getattr(settings, name) for name in URL_SETTINGS}
+    values |= {"half_width": settings.half_width_ms, "runtime_layer": settings.runtime_layer}
+    values["draft_dtype"] = AS_TARGET if settings.draft_dtype in (None, settings.dtype) else settings.draft_dtype
+    if settings.draft is None:  # a greedy run says nothing about the sidebar's draft settings
+        values = {name: values[name] for name in ("target", "device", "dtype")}
+    _set_sidebar(values)
+
+
+def _set_sidebar(values: dict) -> None:
+    """Put values into the sidebar's widgets where the widget can show them; others keep their current value."""
+    if values.get("target") not in (None, *BUILTIN_TARGETS):
+        values = values | {"target": LOCAL_TARGET, "target_folder": values["target"]}
+    target = values.get("target_folder") or values.get("target") or st.session_state.get("target")
+    allowed = {
+        "target": [*BUILTIN_TARGETS, LOCAL_TARGET],
+        "device": devices(),
+        "dtype": list(DTYPES),
+        "draft": [*shipped_drafts(target), "random", "random-no-audio"],
+        "draft_dtype": [AS_TARGET, *DTYPES],
+        "window": list(WINDOWS),
+    }
+    ranges = {"k": (1, 16), "threshold": (0.0, 0.95), "half_width": (20.0, 5000.0), "runtime_layer": (-1, 63)}
+    for key, value in values.items():
+        if key == "runtime_layer" and value is None:
+            value = -1
+        if key in allowed:
+            fits = value in allowed[key]
+        else:
+            fits = key not in ranges or ranges[key][0] <= value <= ranges[key][1]
+        if value is not None and fits:
+            st.session_state[key] = value
+
+
+def _settings_from_url() -> None:
+    """On a session's first page, the sidebar starts from the settings in the address."""
+    if st.session_state.get("url_read"):
+        return
+    st.session_state["url_read"] = True
+    values = {}
+    for key, kind in URL_SETTINGS.items():
+        if key in st.query_params:
+            try:
+                values[key] = kind(st.query_params[key])
+            except ValueError:
+                st.warning(f"Ignored {key}={st.query_params[key]!r} in the address: not a {kind.__name__}.")
+    _set_sidebar(values)
+
+
+def changed_settings(decoded: Settings, current: Settings) -> list[str]:
+    """The sidebar settings that differ from those a shown result was decoded with."""
+    shown = ["target", "device", "dtype"]
+    if decoded.draft is not None:
+        shown += ["draft", "draft_dtype", "k", "window", "half_width_ms", "threshold"]
+    resolved = replace(decoded, draft_dtype=None if decoded.draft_dtype == decoded.dtype else decoded.draft_dtype)
+    return [name for name in shown if getattr(resolved, name) != getattr(current, name)]
+
+
+def _select(container, label: str, options: list, key: str, **kwargs):
+    """A selectbox that drops a remembered value its options no longer hold (another target's draft or layers)."""
+    if key in st.session_state and st.session_state[key] not in options:
+        del st.session_state[key]
+    return container.selectbox(label, options, key=key, **kwargs)
+
+
 def settings_sidebar(windows: bool = True) -> Settings:
-    """The decode settings, from the sidebar; changing them decodes nothing until a page's Run button."""
+    """The decode settings, from the sidebar (first from the page's address); changing them decodes nothing until a
+    page's Run button, and writes them back to the address."""
+    _settings_from_url()
     bar = st.sidebar
-    target = bar.selectbox("Target", [*BUILTIN_TARGETS, LOCAL_TARGET], key="target")
+    target = _select(bar, "Target", [*BUILTIN_TARGETS, LOCAL_TARGET], key="target")
     if target == LOCAL_TARGET:
         folder = bar.text_input("Model folder", key="target_folder", help="transformers Whisper, Qwen3-ASR or Voxtral")
         target = folder.strip() or next(iter(BUILTIN_TARGETS))
         if not folder.strip():
             bar.caption(f"No folder given: decoding with {target}.")
-    device = bar.selectbox("Device", devices(), key="device")
+    device = _select(bar, "Device", devices(), key="device")
     bar.caption("Decoding on the GPU." if device.startswith("cuda") else "Decoding on the CPU.")
-    dtype = bar.selectbox("Target dtype", list(DTYPES), key="dtype")
-    draft = bar.selectbox("Draft", [*shipped_drafts(target), "random", "random-no-audio"], key="draft")
-    draft_dtype = bar.selectbox("Draft dtype", [AS_TARGET, *DTYPES], key="draft_dtype", help="float16 is faster on CPU")
+    dtype = _select(bar, "Target dtype", list(DTYPES), key="dtype")
+    draft = _select(bar, "Draft", [*shipped_drafts(target), "random", "random-no-audio"], key="draft")
+    draft_dtype = _select(bar, "Draft dtype", [AS_TARGET, *DTYPES], key="draft_dtype", help="float16 is faster on CPU")
     k = bar.slider("K (most proposals per round)", 1, 16, 4, key="k")
-    window = bar.selectbox("Draft attention window", WINDOWS, key="window") if windows else "unrestricted"
+    window = _select(bar, "Draft attention window", list(WINDOWS), key="window") if windows else "unrestricted"
     half_width = bar.number_input("Window half-width (ms)", 20.0, 5000.0, 400.0, step=20.0, key="half_width")
     layer = bar.number_input("Runtime layer (-1: the target's)", -1, 63, -1, key="runtime_layer")
     threshold = bar.slider("Confidence threshold", 0.0, 0.95, 0.0, step=0.05, key="threshold")
-    return Settings(
+    settings = Settings(
         target=target,
         device=device,
         dtype=dtype,
@@ -80,6 +155,8 @@ def settings_sidebar(windows: bool = True) -> Settings:
         runtime_layer=None if layer < 0 else int(layer),
         threshold=threshold,
     )
+    st.query_params.update({key: str(getattr(settings, key)) for key in URL_SETTINGS})
+    return settings
 
 
 def example_clip() -> Clip:
@@ -140,7 +217,54 @@ def report(error: Exception) -> None:
     st.error(f"{type(error).__name__}: {error}")
 
 
+def run_labels(runs: pd.DataFrame) -> dict[str, str]:
+    """Run id -> how a picker shows it: its name, or its clip and settings, then the id."""
+    return {r.run_id: f"{r.label} · {r.target} · {r.run_id}" for r in runs.itertuples()}
+
+
 def token_pieces(trace: Trace) -> list[str]:
-    """Each transcript token's own text, leading space included."""
+    """Each transcript token's own text, leading space included (from the target's tokenizer only for runs stored
+    before traces kept them)."""
+    if trace.token_texts is not None:
+        return trace.token_texts
     tokenizer = pipeline().target(trace.settings).tokenizer
     return [tokenizer.decode([token]) for token in trace.tokens]
+
+
+def token_decoder(trace: Trace) -> Callable[[list[int]], str]:
+    """Token ids -> text for a trace's transcript and proposals: from the texts the trace keeps (a token it does not
+    hold is the end of text, after the transcript), or the target's tokenizer for runs stored before it kept them."""
+    if trace.token_texts is None or any(step.text is None for step in trace.steps):
+        return pipeline().target(trace.settings).tokenizer.decode
+    texts = dict(zip(trace.tokens, trace.token_texts, strict=True)) | {s.token: s.text for s in trace.steps}
+    return lambda tokens: "".join(texts.get(token, "<end of text>") for token in tokens)
+
+
+def runtime_layer(trace: Trace) -> int:
+    """The layer the runtime windows read, as the decode resolved it (from the target for runs stored before)."""
+    if trace.target_runtime_layer is not None:
+        return trace.target_runtime_layer
+    if trace.settings.runtime_layer is not None:
+        return trace.settings.runtime_layer
+    return pipeline().target(trace.settings).runtime_layer
+
+
+def stored_result(trace: Trace, run_id: str) -> dict:
+    """A stored decode as a page shows it: with its clip where the store (or the clip's file) still has the audio,
+    so that it can be heard and timed again."""
+    audio = clip_audio(trace)
+    clip = None if audio is None else Clip(trace.clip_id, audio, trace.reference_text, trace.dataset)
+    return {"trace": trace, "audio": audio, "clip": clip, "run": run_id, "timing": None}
+
+
+def clip_audio(trace: Trace) -> np.ndarray | None:
+    """The decoded clip's waveform: kept in the store, or read again from its file if that still holds the same
+    audio; None where neither does."""
+    audio = store().audio(trace.clip_hash)
+    if audio is None and trace.audio_path and Path(trace.audio_path).is_file():
+        try:
+            clip = Clip(trace.clip_id, load_audio(trace.audio_path))
+        except AudioError:
+            return None
+        audio = clip.audio if clip.hash == trace.clip_hash else None
+    return audio

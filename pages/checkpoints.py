@@ -120,10 +120,7 @@ with tab_run:
 with tab_store:
     runs = widgets.store().runs()
     runs = runs[runs.rounds > 0]
-    labels = {
-        r.run_id: f"{r.run_id} {r.target} {r.draft_name} {r.window} K={r.k} ({r.clips} clips)"
-        for r in runs.itertuples()
-    }
+    labels = widgets.run_labels(runs)
     left, right = st.columns(2)
     run_a = left.selectbox("Run a", list(labels), format_func=labels.get, key="store_a")
     run_b = right.selectbox("Run b", list(labels), index=min(1, len(labels) - 1), format_func=labels.get, key="store_b")

@@ -13,8 +13,18 @@ from specasr.metrics import aa_warning, acceptance
 from specasr.views import attention_heatmap, drift_figure, round_table, token_rows
 
 st.title("Live decode")
-settings = widgets.settings_sidebar()
 requested = st.query_params.get("run")
+if requested and st.session_state.get("opened") != requested:
+    st.session_state["opened"] = requested
+    try:
+        stored = widgets.store().traces(requested)
+    except widgets.DECODE_ERRORS as error:
+        st.error(str(error))
+        stored = []
+    if stored:
+        widgets.adopt_settings(stored[0].settings)
+        st.session_state["decoded"] = widgets.stored_result(stored[0], requested)
+settings = widgets.settings_sidebar()
 clip = widgets.clip_input("decode")
 
 
@@ -27,12 +37,12 @@ def run(clip, settings) -> dict | None:
             trace, problem = widgets.decode_with_reference(clip, replace(settings, keep_attention=True), progress)
             if problem:
                 st.warning(f"{problem}; the other positions are still shown.")
-            run_id = widgets.store().write_run([trace], "dashboard")
+            run_id = widgets.store().write_run([trace], "dashboard", audio={clip.hash: clip.audio})
         except widgets.DECODE_ERRORS as error:
             widgets.report(error)
             return None
         status.update(label="Done", state="complete", expanded=False)
-    return {"trace": trace, "audio": clip.audio, "clip": clip, "settings": settings, "run": run_id, "timing": None}
+    return {"trace": trace, "audio": clip.audio, "clip": clip, "run": run_id, "timing": None}
 
 
 def time_it(clip, settings, repeats: int) -> dict | None:
@@ -56,20 +66,18 @@ def time_it(clip, settings, repeats: int) -> dict | None:
 
 if st.button("Run", type="primary", key="run", disabled=clip is None):
     st.session_state["decoded"] = run(clip, settings)
-elif requested and st.session_state.get("opened") != requested:
-    try:
-        traces = widgets.store().traces(requested)
-    except widgets.DECODE_ERRORS as error:
-        st.error(str(error))
-        traces = []
-    if traces:
-        st.session_state["decoded"] = {"trace": traces[0], "audio": None, "clip": None, "run": requested}
-    st.session_state["opened"] = requested
+    if st.session_state["decoded"]:
+        st.session_state["opened"] = st.query_params["run"] = st.session_state["decoded"]["run"]
 
 result = st.session_state.get("decoded")
 if not result:
     st.info("Pick a clip and press Run. Changing a setting decodes nothing until you press Run again.")
     st.stop()
+if changed := widgets.changed_settings(result["trace"].settings, settings):
+    st.warning(
+        f"Stale: the result below was decoded with other settings ({', '.join(changed)} differ from the sidebar's). "
+        "Press Run to decode with the current ones."
+    )
 
 trace = result["trace"]
 pieces = widgets.token_pieces(trace)
@@ -100,13 +108,20 @@ if trace.rounds:
     columns[3].metric("Rounds", accepted.rounds)
 
 st.subheader("Speed")
-if result["clip"] is not None:
+timeable = result["clip"] is not None and trace.settings.draft is not None
+if timeable:
     repeats = st.number_input("Timing repetitions per arm (warm, interleaved)", 1, 20, 5, key="repeats")
     if st.button("Time it", key="time_it", help="Decode the clip again, greedy and speculative in turn, timed"):
-        result["timing"] = time_it(result["clip"], result["settings"], repeats)
+        timed = replace(trace.settings, keep_attention=False, reference="auto")
+        result["timing"] = time_it(result["clip"], timed, repeats)
 timing = result.get("timing")
 if timing is None:
-    how = "press Time it" if result["clip"] is not None else "decode the clip here with Run, then press Time it"
+    if timeable:
+        how = "press Time it"
+    elif trace.settings.draft is None:
+        how = "this is a greedy decode; decode the clip with a draft"
+    else:
+        how = "the clip's audio is not at hand; decode it here with Run, then press Time it"
     st.info(f"Not timed: a decode is not benchmarked unless asked; {how} to time it against greedy.")
 else:
     speed, runs = timing["speed"], timing["runs"]
@@ -137,10 +152,10 @@ else:
 
 st.subheader("Alignment drift")
 layers = max((len(v.verify_peaks) for v in trace.verified), default=1)
-runtime = trace.settings.runtime_layer
-if runtime is None:
-    runtime = widgets.pipeline().target(trace.settings).runtime_layer
-layer = st.selectbox("Target layer for verification peaks", range(layers), index=min(runtime, layers - 1), key="layer")
+runtime = widgets.runtime_layer(trace)
+layer = st.selectbox(  # one choice per target: another target's layer numbers mean other layers
+    "Target layer for verification peaks", range(layers), min(runtime, layers - 1), key=f"layer_{trace.settings.target}"
+)
 st.plotly_chart(drift_figure(trace, pieces, layer, result["audio"]), key="drift")
 st.caption(
     "Each row is a transcript token. Circles: the draft's attention peak for an accepted proposal (larger: deeper in "
@@ -153,5 +168,4 @@ with st.expander("Draft attention heatmap"):
     except ValueError as error:
         st.info(str(error))
 with st.expander("Rounds"):
-    decode_text = widgets.pipeline().target(trace.settings).tokenizer.decode
-    st.dataframe(round_table(trace, decode_text), hide_index=True)
+    st.dataframe(round_table(trace, widgets.token_decoder(trace)), hide_index=True)

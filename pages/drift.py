@@ -28,9 +28,7 @@ drafts = right.multiselect("Draft", sorted(runs.draft_name.unique()), key="drift
 for column, chosen in (("target", targets), ("window", windows), ("draft_name", drafts)):
     if chosen:
         runs = runs[runs[column].isin(chosen)]
-labels = {
-    r.run_id: f"{r.run_id} {r.draft_name} {r.window} K={r.k} ({r.clips} clips, {r.command})" for r in runs.itertuples()
-}
+labels = widgets.run_labels(runs)
 opened = st.query_params.get("run")
 default = [opened] if opened in labels else list(labels)[:3]
 chosen = st.multiselect("Stored runs", list(labels), default=default, format_func=labels.get, key="drift_runs")

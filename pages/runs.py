@@ -12,8 +12,9 @@ import streamlit as st
 import widgets
 
 COLUMNS = [
-    "run_id", "created", "command", "target", "draft_name", "draft_dtype", "k", "window", "clips", "decodes", "rounds",
-    "draft_steps", "tokens", "median_wer", "seconds", "device", "dtype", "git_commit", "git_dirty",
+    "label", "run_id", "created", "command", "target", "draft_name", "draft_dtype", "k", "window", "clips",
+    "first_clip", "decodes", "rounds", "draft_steps", "tokens", "median_wer", "seconds", "device", "dtype", "note",
+    "git_commit", "git_dirty",
 ]  # fmt: skip
 
 st.title("Runs")
@@ -39,7 +40,18 @@ st.dataframe(runs[COLUMNS], hide_index=True, key="runs_table")
 if runs.empty:
     st.stop()
 
-run_id = st.selectbox("Open a run", runs.run_id.tolist(), key="runs_open")
+labels = widgets.run_labels(runs)
+run_id = st.selectbox("Open a run", list(labels), format_func=labels.get, key="runs_open")
+chosen = runs.set_index("run_id").loc[run_id]
+with st.form("runs_label"):
+    name = st.text_input("Name", chosen["name"] or "", key=f"runs_name_{run_id}", help="Shown for the run everywhere")
+    note = st.text_area("Note", chosen["note"] or "", key=f"runs_note_{run_id}", height=80)
+    if st.form_submit_button("Save name and note"):
+        try:
+            store.label_run(run_id, name, note)
+            st.rerun()
+        except widgets.DECODE_ERRORS as error:
+            widgets.report(error)
 left, right = st.columns(2)
 left.page_link("pages/decode.py", label=f"Show run {run_id} on Live decode", query_params={"run": run_id})
 right.page_link("pages/drift.py", label=f"Show run {run_id} on Drift", query_params={"run": run_id})

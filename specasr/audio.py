@@ -33,6 +33,7 @@ class Clip:
     text: str = ""  # its reference transcript, where one exists
     dataset: str = ""
     words: "tuple[WordTime, ...] | None" = None  # exact times of the spoken words (synthesized speech)
+    path: str = ""  # the file it was read from, where there is one
 
     @cached_property
     def hash(self) -> str:

@@ -171,7 +171,7 @@ def _store(args: argparse.Namespace) -> Store | None:
 
 
 def _clip(path: str, args: argparse.Namespace) -> Clip:
-    return Clip(Path(path).stem, load_audio(path, args.max_seconds))
+    return Clip(Path(path).stem, load_audio(path, args.max_seconds), path=str(Path(path).resolve()))
 
 
 def _decode(pipeline: Pipeline, clip: Clip, settings: Settings) -> Trace:

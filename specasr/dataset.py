@@ -24,7 +24,8 @@ class Utterance:
     subset: str  # the evaluation set: the manifest's subset column, else the id's prefix (evaluation_set)
 
     def clip(self, max_seconds: float = DEFAULT_MAX_SECONDS) -> Clip:
-        return Clip(self.id, load_audio(self.path, max_seconds), text=self.text, dataset=self.dataset)
+        audio = load_audio(self.path, max_seconds)
+        return Clip(self.id, audio, text=self.text, dataset=self.dataset, path=str(self.path.resolve()))
 
 
 def load_manifest(speech_dir: Path = DEFAULT_SPEECH_DIR) -> list[Utterance]:

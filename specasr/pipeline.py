@@ -149,6 +149,7 @@ class Pipeline:
             runtime_peaks += result.runtime_peaks
 
         texts = [target.decode_text(tokens[s.first_token : s.first_token + s.tokens]) for s in segments]
+        pieces = {token: target.tokenizer.decode([token]) for token in {*tokens, *(s.token for s in steps)}}
         return Trace(
             clip_id=clip.id,
             settings=settings,
@@ -156,10 +157,13 @@ class Pipeline:
             text=" ".join(text for text in texts if text),
             clip_hash=clip.hash,
             clip_seconds=clip.seconds,
+            audio_path=clip.path,
             dataset=clip.dataset,
             reference_text=clip.text,
             frame_seconds=target.frame_seconds,
             code=code_version(),
+            token_texts=[pieces[token] for token in tokens],
+            target_runtime_layer=target.runtime_layer if settings.runtime_layer is None else settings.runtime_layer,
             draft_name=draft_name,
             draft_hash=draft_hash,
             segments=segments,
@@ -168,7 +172,7 @@ class Pipeline:
             runtime_peaks=runtime_peaks if settings.window in RUNTIME_WINDOWS else None,
             timings=timer.timings,
             rounds=rounds,
-            steps=steps,
+            steps=[replace(step, text=pieces[step.token]) for step in steps],
             verified=verified,
         )
 

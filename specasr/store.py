@@ -8,21 +8,25 @@ waits while another process holds the file. A run (or a batch) is written in one
 is killed leaves no rows. Metrics come from the stored rows through metrics.py; none is stored as the only copy.
 """
 
+import io
 import json
 import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import pandas as pd
+import soundfile
 
 from specasr.align import ClipReference, WordTime
+from specasr.audio import SAMPLE_RATE
 from specasr.cache import cache_dir
 from specasr.metrics import (
     Acceptance,
@@ -199,14 +203,28 @@ MIGRATIONS: list[list[str]] = [
         *(f"""UPDATE runs SET "window" = '{new}' WHERE "window" = '{old}'""" for old, new in RENAMED_WINDOWS),
         """ALTER TABLE decodes ADD COLUMN runtime_peaks INTEGER[]""",  # NULL for runs stored before it was kept
     ],
+    [  # a trace that renders without its model: token texts, the runtime layer, the clip's audio; runs get names
+        """ALTER TABLE decodes ADD COLUMN token_texts VARCHAR[]""",
+        """ALTER TABLE decodes ADD COLUMN target_runtime_layer INTEGER""",
+        """ALTER TABLE draft_steps ADD COLUMN text VARCHAR""",
+        """ALTER TABLE clips ADD COLUMN audio_path VARCHAR DEFAULT ''""",
+        """ALTER TABLE runs ADD COLUMN name VARCHAR DEFAULT ''""",
+        """ALTER TABLE runs ADD COLUMN note VARCHAR DEFAULT ''""",
+        """CREATE TABLE clip_audio (
+            clip_hash VARCHAR PRIMARY KEY,
+            flac BLOB NOT NULL  -- the waveform as FLAC, 24-bit, 16 kHz mono
+        )""",
+    ],
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
-RUN_TABLES = ("runs", "clips", "decodes", "segments", "rounds", "draft_steps", "verified_tokens")
+RUN_TABLES = ("runs", "clips", "decodes", "segments", "rounds", "draft_steps", "verified_tokens", "clip_audio")
+SHARED_TABLES = ("clips", "clip_audio")  # rows keyed by clip hash, shared by every run that decoded the clip
+OPTIONAL_EXPORTS = ("clip_audio",)  # absent from exports written before it was kept
 SETTINGS_COLUMNS = [f.name for f in fields(Settings)]
 CODE_COLUMNS = [f.name for f in fields(CodeVersion)]
 TIMING_COLUMNS = [f"{f.name}_seconds" for f in fields(Timings)]
-CLIP_COLUMNS = ["clip_hash", "clip_id", "clip_seconds", "dataset", "reference_text"]
+CLIP_COLUMNS = ["clip_hash", "clip_id", "clip_seconds", "dataset", "reference_text", "audio_path"]
 CLIP_ONLY_COLUMNS = CLIP_COLUMNS[2:]  # kept once per clip; a decode row keeps the hash and id
 REFERENCE_KEY = ("clip_hash", "target", "device", "dtype", "aligner")
 
@@ -342,24 +360,45 @@ class Store:
 
     # Writing
 
-    def write_run(self, traces: list[Trace], command: str, repeats: list[int] | None = None) -> str:
+    def write_run(
+        self,
+        traces: list[Trace],
+        command: str,
+        repeats: list[int] | None = None,
+        audio: Mapping[str, np.ndarray] | None = None,
+    ) -> str:
         """Store traces decoded under one Settings and code version (each with its clip's hash) as a new run, in one
-        transaction; `repeats` numbers each trace's repeat of its clip (default 0). Returns the run id."""
-        return self.write_runs([(traces, repeats)], command)[0]
+        transaction; `repeats` numbers each trace's repeat of its clip (default 0); `audio` maps clip hashes to
+        waveforms to keep beside the run (clips with no file of their own). Returns the run id."""
+        return self.write_runs([(traces, repeats)], command, audio)[0]
 
-    def write_runs(self, runs: Sequence[tuple[list[Trace], list[int] | None]], command: str) -> list[str]:
+    def write_runs(
+        self,
+        runs: Sequence[tuple[list[Trace], list[int] | None]],
+        command: str,
+        audio: Mapping[str, np.ndarray] | None = None,
+    ) -> list[str]:
         """Store runs decoded side by side as one batch, in one transaction: each run's traces and repeat numbers,
-        as `write_run` takes them. Returns the run ids in order."""
+        as `write_run` takes them, and the waveforms in `audio`. Returns the run ids in order."""
         batch = uuid.uuid4().hex[:12]
         run_ids = [uuid.uuid4().hex[:12] for _ in runs]
         frames = [  # built before taking the file
             _run_frames(run_id, traces, command, repeats, batch)
             for run_id, (traces, repeats) in zip(run_ids, runs, strict=True)
         ]
+        sounds = [(clip_hash, _flac(waveform)) for clip_hash, waveform in (audio or {}).items()]
+        sounds = pd.DataFrame(sounds, columns=["clip_hash", "flac"])
         with self._transaction() as con:
             for run in frames:
                 self._insert_run(con, run)
+            self._insert_run(con, {"clip_audio": sounds})
         return run_ids
+
+    def label_run(self, run_id: str, name: str, note: str) -> None:
+        """Give a run a name (shown with it everywhere) and a note."""
+        with self._transaction() as con:
+            self._known_runs(con, [run_id])
+            con.execute("UPDATE runs SET name = ?, note = ? WHERE run_id = ?", [name.strip(), note.strip(), run_id])
 
     def _insert_run(self, con: duckdb.DuckDBPyConnection, frames: dict[str, pd.DataFrame]) -> None:
         """Insert every row of a run; the caller owns the transaction."""
@@ -375,7 +414,7 @@ class Store:
         if unknown:
             raise StoreError(f"table {table} of {self.path} has no column {', '.join(unknown)}")
         casts = ", ".join(f"CAST({_quote(c)} AS {types[c]})" for c in columns)
-        verb = "INSERT OR IGNORE" if table == "clips" else "INSERT"
+        verb = "INSERT OR IGNORE" if table in SHARED_TABLES else "INSERT"
         con.execute(f"{verb} INTO {table} ({_columns(columns)}) SELECT {casts} FROM {source}")
 
     # Reading
@@ -398,6 +437,12 @@ class Store:
             tables = {"decode": decodes.iloc[[i]]} | {name: rows[i] for name, rows in by_decode.items()}
             decoded.append((repeat, Trace.from_tables(tables)))
         return decoded
+
+    def audio(self, clip_hash: str) -> np.ndarray | None:
+        """The clip's waveform (16 kHz float32 mono) where the store keeps it."""
+        with self._connect() as con:
+            row = con.execute("SELECT flac FROM clip_audio WHERE clip_hash = ?", [clip_hash]).fetchone()
+        return None if row is None else soundfile.read(io.BytesIO(row[0]), dtype="float32")[0]
 
     def _level_rows(self, con: duckdb.DuckDBPyConnection, level: _Level, run_id: str) -> pd.DataFrame:
         columns = _columns(["decode", *(f.name for f in fields(level.kind))])
@@ -446,9 +491,10 @@ class Store:
         with self._transaction() as con:
             self._known_runs(con, [run_id])
             for table in RUN_TABLES:
-                if table != "clips":
+                if table not in SHARED_TABLES:
                     con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
-            con.execute("DELETE FROM clips WHERE clip_hash NOT IN (SELECT clip_hash FROM decodes)")
+            for table in SHARED_TABLES:
+                con.execute(f"DELETE FROM {table} WHERE clip_hash NOT IN (SELECT clip_hash FROM decodes)")
 
     # The reference-frame cache
 
@@ -496,7 +542,7 @@ class Store:
     def import_runs(self, folder: Path | str) -> list[str]:
         """Add the runs exported to `folder`, in one transaction; refused if this store already holds any of them."""
         sources = {table: Path(folder) / f"{table}.parquet" for table in RUN_TABLES}
-        missing = [path.name for path in sources.values() if not path.is_file()]
+        missing = [path.name for table, path in sources.items() if not path.is_file() and table not in OPTIONAL_EXPORTS]
         if missing:
             raise StoreError(f"{folder} is not a run export: {', '.join(missing)} missing")
         with self._transaction() as con:
@@ -505,6 +551,8 @@ class Store:
             if present:
                 raise StoreError(f"{self.path} already holds run {', '.join(r for (r,) in present)}")
             for table, path in sources.items():
+                if not path.is_file():
+                    continue
                 columns = [c[0] for c in con.execute(f"SELECT * FROM {_parquet(path)} LIMIT 0").description]
                 self._insert_select(con, table, _parquet(path), columns)
                 if table == "decodes" and "runtime_peaks" not in columns:  # exported before the windows' renaming
@@ -626,6 +674,12 @@ def _check_run(traces: list[Trace], repeats: list[int] | None) -> None:
         raise ValueError("every trace of a run needs its clip's hash")
 
 
+def _flac(waveform: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    soundfile.write(buffer, waveform, SAMPLE_RATE, format="FLAC", subtype="PCM_24")
+    return buffer.getvalue()
+
+
 def _word_error_rate(trace: Trace) -> float | None:
     """The decode's WER against the clip's reference text; None where that has no words."""
     try:
@@ -671,15 +725,18 @@ _RUN_FILTERS = {
 }
 
 # Rows of a table that belong to the chosen runs, where the table has no run_id.
-_RUN_ROWS = {"clips": "clip_hash IN (SELECT clip_hash FROM decodes WHERE list_contains($run_ids, run_id))"}
+_RUN_ROWS = dict.fromkeys(
+    SHARED_TABLES, "clip_hash IN (SELECT clip_hash FROM decodes WHERE list_contains($run_ids, run_id))"
+)
 
 _RUN_OVERVIEW = f"""
-    SELECT runs.*, d.draft_name, d.clips, d.decodes, coalesce(r.rounds, 0) AS rounds,
+    SELECT runs.*, d.draft_name, d.clips, d.first_clip, d.decodes, coalesce(r.rounds, 0) AS rounds,
            coalesce(s.draft_steps, 0) AS draft_steps, d.tokens, d.median_wer,
            {", ".join(f"d.{c}" for c in TIMING_COLUMNS)}
     FROM runs
     JOIN (
         SELECT run_id, any_value(draft_name) AS draft_name, count(DISTINCT clip_hash) AS clips, count(*) AS decodes,
+               arg_min(clip_id, decode) AS first_clip,
                sum(len(tokens)) AS tokens, median(wer) AS median_wer,
                {", ".join(f"sum({c}) AS {c}" for c in TIMING_COLUMNS)}
         FROM decodes GROUP BY run_id
@@ -703,7 +760,17 @@ def _overview(con: duckdb.DuckDBPyConnection, where: str, params: dict) -> pd.Da
     """_RUN_OVERVIEW's rows that match, newest first, with each run's phase seconds summed into its total."""
     frame = con.execute(f"SELECT * FROM ({_RUN_OVERVIEW}) WHERE {where} ORDER BY created DESC, run_id", params).df()
     frame["seconds"] = [Timings(*phases).total for phases in frame[TIMING_COLUMNS].itertuples(index=False)]
+    frame["label"] = [run_label(row) for row in frame.itertuples(index=False)]
     return frame.drop(columns=TIMING_COLUMNS)
+
+
+def run_label(run) -> str:
+    """A run as people name it: its name where it has one, else its clip (or clip count) and settings."""
+    if run.name:
+        return run.name
+    clips = run.first_clip if run.clips == 1 else f"{run.clips} clips"
+    arm = "greedy" if run.draft_name == "none" else f"{run.draft_name.split('@')[0]} {run.window} K={run.k}"
+    return f"{clips}: {arm} ({run.command})"
 
 
 def _acceptance_of(name: str) -> Callable[[list[Trace]], float | None]:

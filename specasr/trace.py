@@ -150,6 +150,7 @@ class DraftStep:
     window_centre: int | None
     reference_frame: int | None
     attention: list[float] | None = None  # the full head-averaged row over the segment's valid frames, when kept
+    text: str | None = None  # the proposed token's text; None in runs stored before it was kept
 
 
 @dataclass
@@ -170,10 +171,15 @@ class Trace:
     text: str
     clip_hash: str = ""
     clip_seconds: float = 0.0
+    audio_path: str = ""  # where the clip was read from; "" for an upload, a recording or synthesized speech
     dataset: str = ""
     reference_text: str = ""  # the clip's known transcript, if any
     frame_seconds: float = 0.02  # the target's audio frame
     code: CodeVersion = CodeVersion("", None, None)
+    # Each transcript token's own text, leading space included; None in runs stored before it was kept.
+    token_texts: list[str] | None = None
+    # The layer whose verification peaks the runtime windows read (settings.runtime_layer, else the target's).
+    target_runtime_layer: int | None = None
     draft_name: str = "none"  # name@hash, or none for greedy decoding
     draft_hash: str | None = None
     segments: list[Segment] = field(default_factory=list)

@@ -54,7 +54,7 @@ def real_source(name: str, utterances: list[Utterance], count: int, settings: di
     """The first `count` utterances as clips (all of them if fewer)."""
 
     def clip(n: int) -> Clip:
-        return Clip(utterances[n].id, load_audio(utterances[n].path), dataset=name)
+        return Clip(utterances[n].id, load_audio(utterances[n].path), dataset=name, path=str(utterances[n].path))
 
     return Source(name, settings or {}, min(count, len(utterances)), clip)
 

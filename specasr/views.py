@@ -14,6 +14,7 @@ from specasr.trace import Trace
 
 BELOW = {"orientation": "h", "y": -0.25}  # legends under the plot keep narrow columns readable
 ACCEPTED, REJECTED, VERIFIED, ALIGNED, WINDOW = "#2ca02c", "#d62728", "#1f77b4", "#222222", "rgba(128,128,128,0.35)"
+ALIGNMENT_MARK = "#ff2e88"  # seen on every colour of Viridis and on the empty plot around a window
 
 
 def token_rows(trace: Trace, pieces: list[str]) -> pd.DataFrame:
@@ -165,6 +166,7 @@ def drift_figure(
     )
     figure.update_yaxes(showticklabels=False, row=1, col=1)
     figure.update_xaxes(title_text="audio time (s)", row=2, col=1)
+    mark_cuts(figure, trace)
     figure.update_layout(
         height=max(420, 14 * len(pieces) + 160), legend={"orientation": "h", "y": 1.02, "yanchor": "bottom"}
     )
@@ -178,32 +180,33 @@ def _ms(frame: int | None, frame_seconds: float) -> str:
 
 def attention_heatmap(trace: Trace, pieces: list[str]) -> go.Figure:
     """The draft's head-averaged audio attention of every kept proposal (rows: round/depth/token), with the forced
-    alignment of the token it proposed for."""
+    alignment of the token it proposed for. Each 30 s window's rows sit at that window's place on the clip's time
+    axis; dashed lines mark the cuts between windows."""
     rows = [s for s in trace.steps if s.attention is not None]
     if not rows:
         raise ValueError("this decode kept no attention rows (decode with keep_attention and an audio draft)")
     start = {r.index: r.start for r in trace.rounds}
-    width = max(len(s.attention) for s in rows)
-    origin = {seg.index: seg.start_frame for seg in trace.segments}
     segment = {r.index: r.segment for r in trace.rounds}
-    matrix = np.full((len(rows), width), np.nan)
-    for i, s in enumerate(rows):
-        matrix[i, : len(s.attention)] = s.attention
-    offset = origin.get(segment[rows[0].round], 0)
+    origin = {seg.index: seg.start_frame for seg in trace.segments}
     names = [
         f"r{s.round} d{s.depth} {pieces[p].strip() if (p := start[s.round] + s.depth - 1) < len(pieces) else '<eot>'}"
         for s in rows
     ]
-    figure = go.Figure(
-        go.Heatmap(
+    figure = go.Figure()
+    for index in sorted({segment[s.round] for s in rows}):
+        chosen = [i for i, s in enumerate(rows) if segment[s.round] == index]
+        width = max(len(rows[i].attention) for i in chosen)
+        matrix = np.full((len(chosen), width), np.nan)
+        for line, i in enumerate(chosen):
+            matrix[line, : len(rows[i].attention)] = rows[i].attention
+        figure.add_heatmap(
             z=matrix,
-            x=(np.arange(width) + offset) * trace.frame_seconds,
-            y=list(range(len(rows))),
-            colorscale="Viridis",
-            colorbar={"title": "attention"},
+            x=(np.arange(width) + origin.get(index, 0)) * trace.frame_seconds,
+            y=chosen,
+            coloraxis="coloraxis",
+            name=f"window {index}",
             hovertemplate="%{x:.2f} s<br>attention %{z:.3f}<extra></extra>",
         )
-    )
     aligned = [
         (i, s.reference_frame * trace.frame_seconds) for i, s in enumerate(rows) if s.reference_frame is not None
     ]
@@ -213,11 +216,32 @@ def attention_heatmap(trace: Trace, pieces: list[str]) -> go.Figure:
             y=[i for i, _ in aligned],
             mode="markers",
             name="forced alignment",
-            marker={"color": "white", "symbol": "diamond-open", "size": 7},
+            marker={"color": ALIGNMENT_MARK, "symbol": "diamond-open", "size": 8, "line": {"width": 2}},
         )
+    mark_cuts(figure, trace)
     figure.update_yaxes(tickvals=list(range(len(rows))), ticktext=names, autorange="reversed")
-    figure.update_layout(xaxis_title="audio time (s)", height=max(320, 16 * len(rows) + 120))
+    figure.update_layout(
+        xaxis_title="audio time (s)",
+        height=max(320, 16 * len(rows) + 120),
+        coloraxis={"colorscale": "Viridis", "colorbar": {"title": "attention"}},
+        legend=BELOW,
+    )
     return figure
+
+
+def cut_seconds(trace: Trace) -> list[float]:
+    """Where the clip was cut into 30 s windows, in seconds of the clip."""
+    return [seg.start_frame * trace.frame_seconds for seg in trace.segments if seg.index > 0]
+
+
+def mark_cuts(figure: go.Figure, trace: Trace) -> None:
+    """A dashed line at every cut between windows, through the whole height of the figure."""
+    for seconds in cut_seconds(trace):
+        line = {"dash": "dash", "color": "#888", "width": 1}
+        figure.add_shape(type="line", x0=seconds, x1=seconds, y0=0, y1=1, xref="x", yref="paper", line=line)
+        figure.add_annotation(
+            x=seconds, y=1, yref="paper", text="window cut", showarrow=False, xanchor="left", font={"color": "#666"}
+        )
 
 
 def survival_figure(survival: pd.DataFrame, by: str = "window") -> go.Figure:

@@ -10,7 +10,9 @@ from streamlit.testing.v1 import AppTest
 from test_experiments import BASE, hand_trace, peaks_trace, restarts
 
 from specasr.experiments import COMMAND, stored_grid
+from specasr.pipeline import Pipeline
 from specasr.store import Store
+from specasr.trace import Settings
 from specasr.windows import WINDOWS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,7 +81,7 @@ def test_live_decode_shows_transcript_metrics_and_drift(sample_clips):
     shown = " ".join(c.value for c in app.caption)
     assert "medians of 2 warm repetitions per arm" in shown and "A/A check, greedy timed twice" in shown
 
-    app.selectbox(key="layer").set_value(0).run()  # a new layer redraws; it does not decode again
+    app.selectbox(key="layer_whisper-tiny.en").set_value(0).run()  # a new layer redraws; it does not decode again
     assert len(Store().runs()) == before + 4
     assert "target verification peak (layer 0)" in names(figures(app)["drift"])
     assert any(m.label == "Decode-phase speedup" for m in app.metric)  # the timing stays with the decode
@@ -157,6 +159,38 @@ def test_runs_page_lists_a_stored_run_and_opens_it(stored_run):
     opened.run()
     assert not opened.exception and not opened.error
     assert any(run_id in c.value for c in opened.caption)
+
+
+def test_a_shared_run_opens_in_a_fresh_session_without_its_model(sample_clips, pipeline, monkeypatch):
+    """A dashboard decode of an upload, opened from its address alone: audio, waveform, transcript, drift, heatmap
+    and rounds come from the store, and the sidebar shows the settings it ran with."""
+    settings = Settings(draft="whisper-tiny.en/control", window="correct", k=3, keep_attention=True, reference="always")
+    clip = replace(sample_clips[0].clip(), path="")  # an upload: no file to read it back from
+    trace = pipeline.decode(clip, settings)
+    run_id = Store().write_run([trace], "dashboard", audio={clip.hash: clip.audio})
+    monkeypatch.setattr(Pipeline, "target", lambda *_: pytest.fail("a stored run loaded its target"))
+
+    app = AppTest.from_file(APP, default_timeout=120)
+    app.query_params["run"] = run_id
+    app.run()
+    assert not app.exception and not app.error
+    assert len(app.get("audio")) == 1 and "cooler" in text_of(app)
+    assert "waveform" in names(figures(app)["drift"]) and "heatmap" in figures(app)
+    assert (app.sidebar.selectbox(key="window").value, app.sidebar.slider(key="k").value) == ("correct", 3)
+    assert app.sidebar.selectbox(key="draft").value == "whisper-tiny.en/control"
+    assert not app.warning  # the sidebar matches the shown run: nothing is stale
+    app.sidebar.slider(key="k").set_value(4).run()
+    assert app.warning[0].value.startswith("Stale: the result below was decoded with other settings (k differ")
+
+
+def test_settings_in_the_address_set_the_sidebar():
+    app = AppTest.from_file(APP, default_timeout=60)
+    app.query_params.update({"window": "shift", "k": "7", "draft": "no-such-draft"})
+    app.run()
+    assert not app.exception
+    assert (app.sidebar.selectbox(key="window").value, app.sidebar.slider(key="k").value) == ("shift", 7)
+    assert app.sidebar.selectbox(key="draft").value != "no-such-draft"  # not a choice: the default stays
+    assert app.query_params["k"] == ["7"] or app.query_params["k"] == "7"
 
 
 def test_drift_page_draws_stored_runs(stored_run):

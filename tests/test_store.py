@@ -5,6 +5,7 @@ from datetime import datetime
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -13,6 +14,7 @@ from specasr.metrics import acceptance, paired_bootstrap
 from specasr.store import (
     RUN_TABLES,
     SCHEMA_VERSION,
+    SHARED_TABLES,
     Store,
     StoreBusyError,
     StoreError,
@@ -95,7 +97,7 @@ def row_counts(path: Path, run_id: str) -> dict[str, int]:
         return {
             table: con.execute(f"SELECT count(*) FROM {table} WHERE run_id = ?", [run_id]).fetchone()[0]
             for table in RUN_TABLES
-            if table != "clips"
+            if table not in SHARED_TABLES
         }
 
 
@@ -370,6 +372,10 @@ def test_concurrent_writers_lose_no_run(store):
 # Files from other versions, other programs, or none
 
 
+SCHEMA_2_ON = ["decoder", "frame_seconds", "batch", "assistant", "graphs"]
+SCHEMA_9 = {"decodes": ["token_texts", "target_runtime_layer"], "draft_steps": ["text"], "clips": ["audio_path"]}
+
+
 def test_an_older_schema_is_migrated_on_open(tmp_path):
     path = tmp_path / "old.duckdb"
     old = replace(speculative_trace("c1", [2, 0]), segments=[])  # schema 1 has no segments table
@@ -377,7 +383,7 @@ def test_an_older_schema_is_migrated_on_open(tmp_path):
         _migrate(con, path, target=1)
         for table, frame in _run_frames("oldrun", [old], "decode", None).items():
             if table != "segments":
-                new_columns = ["decoder", "frame_seconds", "batch", "assistant", "graphs", "runtime_peaks"]  # nor later
+                new_columns = [*SCHEMA_2_ON, "runtime_peaks", *SCHEMA_9.get(table, [])]  # nor later ones
                 con.register("frame", frame.drop(columns=new_columns, errors="ignore"))
                 con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM frame")
     store = Store(path)
@@ -396,7 +402,7 @@ def schema_7_frames(run_id: str, trace: Trace, window: str) -> dict[str, pd.Data
     frames = _run_frames(run_id, [trace], "decode", None)
     frames["runs"]["window"] = window
     frames["decodes"] = frames["decodes"].drop(columns="runtime_peaks")
-    return frames
+    return {table: frame.drop(columns=SCHEMA_9.get(table, [])) for table, frame in frames.items()}
 
 
 # The windows' old names, and the traces they come back as: runtime-paced's rule is runtime's now, and the old
@@ -431,7 +437,7 @@ def test_runs_exported_under_the_old_runtime_windows_keep_their_rule(store, tmp_
         frames = schema_7_frames(old, trace, old)
         (tmp_path / old).mkdir()
         with duckdb.connect() as con:
-            for table in RUN_TABLES:
+            for table in frames:  # exports of schema 7 had no clip_audio file
                 con.register("frame", frames[table])
                 con.execute(f"COPY (SELECT * FROM frame) TO '{tmp_path / old / table}.parquet' (FORMAT parquet)")
         assert store.import_runs(tmp_path / old) == [old]
@@ -466,3 +472,41 @@ def test_a_file_that_is_not_a_database_is_refused_and_left_untouched(tmp_path):
         Store(path)
     assert path.read_bytes() == content
     assert list(tmp_path.iterdir()) == [path]
+
+
+def test_a_trace_keeps_what_renders_it_without_a_model(store, tmp_path):
+    """Token texts, the runtime layer, the clip's file and, for a clip with no file, its waveform."""
+    trace = speculative_trace("c1", [2, 1])
+    trace = replace(
+        trace,
+        token_texts=[f" w{t}" for t in trace.tokens],
+        target_runtime_layer=3,
+        audio_path="/data/c1.flac",
+        steps=[replace(step, text=f" p{step.token}") for step in trace.steps],
+    )
+    waveform = np.sin(np.arange(16000) / 7).astype(np.float32) * 0.5
+    run = store.write_run([trace], "dashboard", audio={trace.clip_hash: waveform})
+    assert store.traces(run) == [trace]
+    assert np.abs(store.audio(trace.clip_hash) - waveform).max() < 1e-6  # 24-bit FLAC
+    assert store.audio("hash-other") is None
+    exported = store.export_runs([run], tmp_path / "export")
+    fresh = Store(tmp_path / "fresh.duckdb")
+    fresh.import_runs(exported[0].parent)
+    assert fresh.traces(run) == [trace] and np.array_equal(fresh.audio(trace.clip_hash), store.audio(trace.clip_hash))
+    store.delete_run(run)
+    assert store.audio(trace.clip_hash) is None  # no run decodes the clip any more
+
+
+def test_runs_get_a_name_and_a_note_and_otherwise_a_label_naming_the_clip(store):
+    single = store.write_run([speculative_trace("c1", [2])], "dashboard")
+    pair = store.write_run([speculative_trace("c1", [1]), speculative_trace("c2", [1])], "experiment")
+    labels = dict(zip(store.runs().run_id, store.runs().label, strict=True))
+    assert labels == {
+        single: "c1: tiny-draft unrestricted K=3 (dashboard)",
+        pair: "2 clips: tiny-draft unrestricted K=3 (experiment)",
+    }
+    store.label_run(single, "  baseline take  ", "before the fix")
+    row = store.runs().set_index("run_id").loc[single]
+    assert (row["label"], row["name"], row["note"]) == ("baseline take", "baseline take", "before the fix")
+    with pytest.raises(KeyError):
+        store.label_run("nonesuch", "x", "")

@@ -101,3 +101,46 @@ def test_survival_depth_and_cost_rule_figures():
     )  # fmt: skip
     point = cost_rule_figure(runtime).data[1]
     assert list(point.x) == pytest.approx([0.1]) and list(point.y) == pytest.approx([0.1])  # 0.2 / (1 + 4 * 0.25)
+
+
+def long_trace() -> Trace:
+    """A 70 s clip cut into windows at 28 s and 56 s (frames 1400 and 2800): one round per window, each draft step
+    attending at the window's own frame 100 (clip frames 100, 1500, 2900), its token aligned there."""
+    starts, valid = [0, 1400, 2800], [1400, 1400, 700]
+    segments = [Segment(i, start, frames, i, 1) for i, (start, frames) in enumerate(zip(starts, valid, strict=True))]
+    rows = [[1.0 if f == 100 else 0.0 for f in range(frames)] for frames in valid]
+    rounds = [Round(i, i, i, [10 + i], 1, 20 + i, 0.01, 0.02) for i in range(3)]
+    steps = [DraftStep(i, 1, 10 + i, True, start + 100, None, start + 100, rows[i]) for i, start in enumerate(starts)]
+    return Trace(
+        "long",
+        Settings(draft="random", k=1),
+        [10, 11, 12],
+        "a b c",
+        clip_seconds=70.0,
+        segments=segments,
+        reference_frames=[100, 1500, 2900],
+        rounds=rounds,
+        steps=steps,
+        verified=[VerifiedToken(i, 10 + i, [start + 100]) for i, start in enumerate(starts)],
+    )
+
+
+def test_long_audio_views_place_every_window_on_the_clip_time_axis():
+    trace, pieces = long_trace(), [" a", " b", " c"]
+    heatmap = attention_heatmap(trace, pieces)
+    windows = [t for t in heatmap.data if t.type == "heatmap"]
+    for window, start, frames in zip(windows, [0, 1400, 2800], [1400, 1400, 700], strict=True):
+        assert window.x[0] == pytest.approx(start * 0.02) and window.x[-1] == pytest.approx((start + frames - 1) * 0.02)
+        row = np.asarray(window.z)[0]
+        assert window.x[int(np.nanargmax(row))] == pytest.approx((start + 100) * 0.02)  # the peak where it was heard
+    marks = next(t for t in heatmap.data if t.name == "forced alignment")
+    assert list(marks.x) == pytest.approx([2.0, 30.0, 58.0])
+    assert marks.marker.color != "white"  # seen where no window's attention is drawn
+    assert [shape.x0 for shape in heatmap.layout.shapes] == pytest.approx([28.0, 56.0])  # the cuts
+    drift = drift_figure(trace, pieces, layer=0, audio=np.zeros(70 * 16000, dtype=np.float32))
+    by_name = {t.name: t for t in drift.data}
+    assert list(by_name["draft peak, proposal accepted"].x) == pytest.approx([2.0, 30.0, 58.0])
+    assert list(by_name["target verification peak (layer 0)"].x) == pytest.approx([2.0, 30.0, 58.0])
+    assert list(by_name["forced alignment"].x) == pytest.approx([2.0, 30.0, 58.0])
+    assert by_name["waveform"].x[-1] == pytest.approx(70.0, abs=0.03)
+    assert [shape.x0 for shape in drift.layout.shapes] == pytest.approx([28.0, 56.0])
