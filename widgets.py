@@ -183,7 +183,8 @@ def clip_input(key: str) -> Clip | None:
             upload = st.file_uploader("Audio file (wav, flac, ogg, mp3, m4a; up to 10 minutes)", key=f"{key}_upload")
         else:
             upload = st.audio_input("Record a clip", key=f"{key}_microphone")
-        return None if upload is None else Clip(upload.name, load_audio(upload))
+        text = st.text_input("Reference text (optional: what is said, for the word error rate)", key=f"{key}_text")
+        return None if upload is None else Clip(upload.name, load_audio(upload), text=text.strip())
     except AudioError as error:
         st.error(str(error))
         return None

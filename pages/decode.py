@@ -9,21 +9,24 @@ import streamlit as st
 import widgets
 from specasr.audio import SAMPLE_RATE
 from specasr.bench import aa_check, benchmark, store_results, summary
-from specasr.metrics import aa_warning, acceptance
+from specasr.metrics import aa_warning, acceptance, word_error_rate
 from specasr.views import attention_heatmap, drift_figure, round_table, token_rows
 
 st.title("Live decode")
-requested = st.query_params.get("run")
-if requested and st.session_state.get("opened") != requested:
+requested = st.query_params.get("run"), st.query_params.get("clip")  # a stored run, and one of its clips
+if requested[0] and st.session_state.get("opened") != requested:
     st.session_state["opened"] = requested
     try:
-        stored = widgets.store().traces(requested)
+        stored = widgets.store().traces(requested[0])
     except widgets.DECODE_ERRORS as error:
         st.error(str(error))
         stored = []
-    if stored:
-        widgets.adopt_settings(stored[0].settings)
-        st.session_state["decoded"] = widgets.stored_result(stored[0], requested)
+    chosen = [t for t in stored if requested[1] in (None, t.clip_id)]
+    if stored and not chosen:
+        st.error(f"Run {requested[0]} decoded no clip {requested[1]!r}.")
+    if chosen:
+        widgets.adopt_settings(chosen[0].settings)
+        st.session_state["decoded"] = widgets.stored_result(chosen[0], requested[0])
 settings = widgets.settings_sidebar()
 clip = widgets.clip_input("decode")
 
@@ -67,7 +70,9 @@ def time_it(clip, settings, repeats: int) -> dict | None:
 if st.button("Run", type="primary", key="run", disabled=clip is None):
     st.session_state["decoded"] = run(clip, settings)
     if st.session_state["decoded"]:
-        st.session_state["opened"] = st.query_params["run"] = st.session_state["decoded"]["run"]
+        st.query_params.pop("clip", None)
+        st.query_params["run"] = st.session_state["decoded"]["run"]
+        st.session_state["opened"] = (st.query_params["run"], None)
 
 result = st.session_state.get("decoded")
 if not result:
@@ -99,6 +104,13 @@ for row in tokens.itertuples():
 st.markdown("".join(marked) or "*(no speech recognized)*", unsafe_allow_html=True)
 st.caption("Green: a draft proposal the target accepted. Orange: the target's own token. │: a new round.")
 
+if trace.reference_text:
+    st.caption(f"Reference: “{trace.reference_text}”")
+    try:
+        wer = word_error_rate([trace.reference_text], [trace.text])
+        st.metric("Word error rate against the reference", f"{wer:.1%}")
+    except ValueError:
+        st.caption("The reference text has no words to score.")
 if trace.rounds:
     accepted = acceptance([trace])
     columns = st.columns(4)

@@ -44,12 +44,15 @@ def token_rows(trace: Trace, pieces: list[str]) -> pd.DataFrame:
 
 
 def round_table(trace: Trace, decode: Callable[[list[int]], str]) -> pd.DataFrame:
-    """One row per round: proposals, how many were accepted, the target's own token, and its cost in ms."""
+    """One row per round: its 30 s window and where that starts in the clip, proposals, how many were accepted, the
+    target's own token, and its cost in ms."""
+    window_start = {seg.index: seg.start_frame * trace.frame_seconds for seg in trace.segments}
     return pd.DataFrame(
         [
             {
                 "round": r.index,
                 "segment": r.segment,
+                "segment start (s)": window_start.get(r.segment),
                 "start": r.start,
                 "proposed": " | ".join(decode([t]) for t in r.proposed),
                 "accepted": r.accepted,

@@ -57,11 +57,14 @@ def test_live_decode_shows_transcript_metrics_and_drift(sample_clips):
     app = page()
     use_random_draft(app)
     upload(app, "decode", "clip.wav", sample_clips[0].path.read_bytes())
+    app.text_input(key="decode_text").set_value(sample_clips[0].text)
     app.button(key="run").click().run()
     assert not app.exception and not app.error
     assert "cooler" in text_of(app) and "judgment" in text_of(app)
     labels = {m.label for m in app.metric}
     assert {"a1 (restart)", "a2c (continuation)", "L (accepted per round)"} <= labels
+    wer = next(m.value for m in app.metric if m.label == "Word error rate against the reference")
+    assert wer == f"{Store().runs().median_wer.iloc[0]:.1%}"  # the stored decode's WER, shown
     assert "Decode-phase speedup" not in labels and app.info[0].value.startswith("Not timed")  # Run only decodes
     drift = figures(app)["drift"]
     assert {"waveform", "draft peak, proposal rejected", "forced alignment"} <= set(names(drift))
@@ -118,6 +121,8 @@ def test_windows_page_draws_every_window():
     assert names(survival) == list(WINDOWS)
     assert names(figures(app)["error"]) == list(WINDOWS)  # each window's anchor error by depth
     assert frame_with(app, "window", "L", "run").window.tolist() == list(WINDOWS)
+    differences = frame_with(app, "window", "metric", "A - B")  # each window against unrestricted, on one clip
+    assert set(differences.window) == set(WINDOWS) - {"unrestricted"} and differences.low.isna().all()
 
 
 def test_checkpoints_page_compares_two_drafts():
@@ -133,8 +138,9 @@ def test_checkpoints_page_compares_two_drafts():
     assert (cells.decode_speedup_low <= cells.decode_speedup_high).all()
     assert app.warning[0].value.startswith("2 timing repetitions per clip (under 5): speed intervals hold little")
     assert frame_with(app, "phase", "ratio", "disagrees").phase.tolist() == ["decode", "total"]  # the A/A check
-    differences = frame_with(app, "name", "metric", "estimate")
-    assert set(differences.name) == {"random-anchordraft"} and {"a1", "L"} <= set(differences.metric)
+    differences = frame_with(app, "run A", "run B", "metric", "A - B")
+    assert set(differences[["run A", "run B"]].itertuples(index=False, name=None)) == {("random", "anchordraft")}
+    assert {"a1", "L"} <= set(differences.metric)
     assert any(c.value.startswith("pooled over all 1 clips as one set") for c in app.caption)  # the set rule, said
 
 

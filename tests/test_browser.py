@@ -14,8 +14,12 @@ import time
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pytest
+import soundfile
 
+from specasr.audio import SAMPLE_RATE, load_audio
+from specasr.dataset import load_manifest
 from specasr.windows import WINDOWS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,9 +87,15 @@ def test_a_user_decodes_a_clip_and_visits_every_page(server, sample_clips):
         page.get_by_text("upload", exact=True).click()
         page.set_input_files("input[type=file]", str(sample_clips[0].path))
         page.get_by_text(sample_clips[0].path.name[-9:]).wait_for()  # the uploader shortens long names
+        page.get_by_label("Reference text (optional: what is said, for the word error rate)").fill(sample_clips[0].text)
+        page.keyboard.press("Enter")
+        settle(page)
         page.get_by_role("button", name="Run", exact=True).click()
         page.get_by_text("L (accepted per round)").wait_for()
         settle(page)
+        assert "Word error rate against the reference" in page.inner_text("body")
+        shared = page.url  # the address now names the run and the settings
+        assert "run=" in shared and "draft=" in shared
         page.locator(".js-plotly-plot").first.wait_for()
         assert "Not timed" in page.inner_text("body")  # Run decodes; timing waits for its own button
         page.get_by_role("button", name="Time it").click()
@@ -116,4 +126,54 @@ def test_a_user_decodes_a_clip_and_visits_every_page(server, sample_clips):
         # the decode page kept its decode and its three timed arms (greedy's A/A copy too), the windows page one run
         # per window
         assert int(re.search(r"(\d+) runs in", page.inner_text("body")).group(1)) == 4 + len(WINDOWS)
+
+        fresh = browser.new_context(viewport={"width": 1400, "height": 2400}).new_page()  # another user, a link
+        fresh.set_default_timeout(300_000)
+        fresh.goto(shared)
+        fresh.get_by_text("L (accepted per round)").wait_for()
+        settle(fresh)
+        fresh.locator(".js-plotly-plot").first.wait_for()
+        assert fresh.locator("audio").count() == 1 and "judgment" in fresh.inner_text("body")
+        assert "Stale" not in fresh.inner_text("body")  # its sidebar took the run's settings
+        fresh.screenshot(path=str(shots / "shared-run.png"), full_page=True)
         browser.close()
+
+
+def test_a_70_second_clip_is_drawn_on_its_own_time_axis(server, tmp_path):
+    """The heatmap of a clip decoded in three 30 s windows puts each window's attention at its place in the clip."""
+    clip = tmp_path / "seventy-seconds.wav"
+    soundfile.write(clip, long_clip(70.0), SAMPLE_RATE)
+    args = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking"]
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=args)
+        page = browser.new_page(viewport={"width": 1400, "height": 2400})
+        page.set_default_timeout(600_000)
+        page.goto(f"{server}/?draft=whisper-tiny.en/control&k=3")
+        page.get_by_text("upload", exact=True).click()
+        page.set_input_files("input[type=file]", str(clip))
+        page.get_by_text("seventy-seconds.wav").wait_for()
+        page.get_by_role("button", name="Run", exact=True).click()
+        page.get_by_text("L (accepted per round)").wait_for()
+        settle(page)
+        page.get_by_text("Draft attention heatmap").click()
+        heatmap = page.locator(".js-plotly-plot").nth(1)
+        heatmap.wait_for()
+        starts = heatmap.evaluate("plot => plot.data.filter(t => t.type === 'heatmap').map(t => t.x[0])")
+        cuts = heatmap.evaluate("plot => plot.layout.shapes.map(s => s.x0)")
+        assert len(starts) == 3 and starts[0] == pytest.approx(0.0)
+        assert starts[1:] == pytest.approx(cuts, abs=1e-6) and 20 < cuts[0] < 30 < cuts[1] < 60  # cut at quiet points
+        shots = Path(os.environ.get("SPECASR_SCREENSHOTS", ROOT / "cache" / "screenshots"))
+        heatmap.screenshot(path=str(shots / "long-heatmap.png"))
+        browser.close()
+
+
+def long_clip(seconds: float) -> np.ndarray:
+    """Developer-set clips one after another, with half a second of silence between them, cut to `seconds`."""
+    gap = np.zeros(SAMPLE_RATE // 2, dtype=np.float32)
+    pieces, total = [], 0
+    for utterance in load_manifest():
+        pieces += [load_audio(utterance.path), gap]
+        total += len(pieces[-2]) + len(gap)
+        if total >= seconds * SAMPLE_RATE:
+            break
+    return np.concatenate(pieces)[: int(seconds * SAMPLE_RATE)]

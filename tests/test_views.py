@@ -144,3 +144,5 @@ def test_long_audio_views_place_every_window_on_the_clip_time_axis():
     assert list(by_name["forced alignment"].x) == pytest.approx([2.0, 30.0, 58.0])
     assert by_name["waveform"].x[-1] == pytest.approx(70.0, abs=0.03)
     assert [shape.x0 for shape in drift.layout.shapes] == pytest.approx([28.0, 56.0])
+    rounds = round_table(trace, lambda tokens: str(tokens[0]))
+    assert rounds["segment start (s)"].tolist() == pytest.approx([0.0, 28.0, 56.0])
