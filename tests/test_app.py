@@ -222,7 +222,12 @@ def test_cost_rule_page_shows_the_runtime_table_of_a_stored_experiment():
 
     app = page("cost_rule")
     assert not app.exception and not app.error
-    assert "pays" in text_of(app)
+    for key, value in {"rule_L": 1.0, "rule_k": 4, "rule_rho": 0.1, "rule_dL": 0.1, "rule_dC": 0.05}.items():
+        app.number_input(key=key).set_value(value)
+    app.run()  # 0.1 / 2 = 0.050 recovered against 0.05 / 1.4 = 0.036 of cost
+    assert "the correction **pays**" in text_of(app) and app.metric[0].value == "+0.014"
+    app.number_input(key="rule_dC").set_value(0.2).run()  # 0.2 / 1.4 = 0.143
+    assert "the correction **does not pay**" in text_of(app) and app.metric[0].value == "-0.093"
     row = frame_with(app, "d_L", "cost", "predicted_pays").iloc[0]
     assert (row.window, row.d_L) == ("runtime", pytest.approx(4 / 3 - 1 / 3))
     assert "rule_figure" in figures(app)

@@ -5,6 +5,7 @@ import sys
 import pytest
 
 from specasr.cli import main
+from specasr.metrics import acceptance
 from specasr.store import Store, default_db_path
 
 
@@ -114,7 +115,8 @@ def test_bench_times_peers_beside_our_loops_as_json(capsys, speech):
     (assisted,) = Store(default_db_path()).traces(record["runs"]["transformers-assisted"])
     assert assisted.settings.assistant == "target-layers"
     random = summary["random"]
-    assert random["same_tokens_clips"] == 1 and random["L"] >= 0
+    assert random["same_tokens_clips"] == 1
+    assert random["L"] == pytest.approx(acceptance(Store(default_db_path()).traces(record["runs"]["random"])).L)
     assert random["cost_model_speedup"] == pytest.approx((1 + random["L"]) / (1 + 2 * random["rho"]))
     assert random["verify_steps"] > 0 and 0 < random["outside_share"] < 1
     accounted = random["cost_model_speedup"] * (1 - random["outside_share"]) / random["verify_steps"]
