@@ -1,20 +1,22 @@
 """Checkpoints: two or more drafts on the same clips, side by side, with paired intervals on their differences."""
 
 import hashlib
+from dataclasses import dataclass
 
 import pandas as pd
 import streamlit as st
 
 import widgets
 from specasr.cache import cache_dir
+from specasr.compare import COLUMNS, DIFFERENCE, Comparison, compare
 from specasr.dataset import load_manifest, spread
 from specasr.draft import shipped_drafts
 from specasr.experiments import (
     AGGREGATION,
     REPEATS,
     Grid,
-    clip_results,
-    contrast,
+    GridRuns,
+    Weighting,
     draft_label,
     repetition_note,
     run_grid,
@@ -22,6 +24,7 @@ from specasr.experiments import (
     weighting,
 )
 from specasr.metrics import aa_warning, depth_profile
+from specasr.trace import Trace
 from specasr.views import depth_figure
 
 st.title("Checkpoints")
@@ -39,6 +42,49 @@ def uploaded_draft(files) -> str:
     for name, content in by_name.items():
         (folder / name).write_bytes(content)
     return str(folder)
+
+
+@dataclass(frozen=True)
+class DraftPair:
+    """Two drafts' runs of one comparison: A, B and the comparison of A against B."""
+
+    draft_a: str
+    draft_b: str
+    run_a: str
+    run_b: str
+    comparison: Comparison
+
+
+def draft_pairs(runs: GridRuns, sets: Weighting) -> list[DraftPair]:
+    """Every other draft (A) against the first (B), speed against the greedy baseline timed beside them."""
+    arms = [(draft_label(s.draft), run, widgets.store().traces(run)) for s, run in runs.cells.items()]
+    greedy = widgets.store().traces(runs.baseline)
+    (first, first_run, first_traces), *others = arms
+    return [
+        DraftPair(name, first, run, first_run, compare(traces, first_traces, greedy, sets))
+        for name, run, traces in others
+    ]
+
+
+def show_pairs(pairs: list[DraftPair]) -> None:
+    """Every pair's differences in one table, what they hold, and a link to each pair side by side."""
+    rows = [p.comparison.table().assign(**{"run A": p.draft_a, "run B": p.draft_b}) for p in pairs]
+    st.dataframe(pd.concat(rows)[["run A", "run B", *COLUMNS]], hide_index=True, key="checkpoint_differences")
+    name_a = pairs[0].draft_a if len(pairs) == 1 else "the draft in column run A"
+    st.caption(pairs[0].comparison.caption(name_a, pairs[0].draft_b))
+    for pair in pairs:
+        side_by_side(pair.run_a, pair.run_b, f"{pair.draft_a} and {pair.draft_b}")
+
+
+def compared_traces(pairs: list[DraftPair]) -> dict[str, list[Trace]]:
+    """Each draft's first repeats of the compared clips (B, the first draft, is the same in every pair)."""
+    return {pairs[0].draft_b: [b for _, b in pairs[0].comparison.pairs]} | {
+        p.draft_a: [a for a, _ in p.comparison.pairs] for p in pairs
+    }
+
+
+def side_by_side(run_a: str, run_b: str, name: str = "A and B") -> None:
+    st.page_link("pages/compare.py", label=f"Open {name} side by side", query_params={"a": run_a, "b": run_b})
 
 
 tab_run, tab_store = st.tabs(["Run now", "From the store"])
@@ -74,14 +120,9 @@ with tab_run:
             with st.spinner(f"Decoding {len(clips)} clips under {len(names)} drafts and greedy…"):
                 runs = run_grid(widgets.pipeline(), widgets.store(), grid, clips, repeats)
                 found = tables(widgets.store(), runs, sets)
-            greedy = widgets.store().traces(runs.baseline)
-            arms = {
-                draft_label(s.draft): clip_results(greedy, widgets.store().traces(r), sets)
-                for s, r in runs.cells.items()
-            }
             st.session_state["checkpoints"] = {
                 "cells": found.cells,
-                "arms": arms,
+                "pairs": draft_pairs(runs, sets),
                 "rule": sets.rule,
                 "aa": found.aa,
                 "note": repetition_note(repeats),
@@ -97,17 +138,14 @@ with tab_run:
             st.warning(result["note"])
         st.subheader("Each draft")
         st.dataframe(cells.drop(columns=["s"]), hide_index=True, key="checkpoint_cells")
-        arms = result["arms"]
-        (first, baseline), *others = arms.items()
-        metrics = ("a1", "a2c", "L", "decode_speedup", "total_speedup")
-        differences = [c for name, arm in others for c in contrast(f"{name}-{first}", "", metrics, baseline, arm)]
-        st.subheader(f"Differences from {first} (paired bootstrap, 95%)")
-        st.dataframe(pd.DataFrame(differences).drop(columns="fixed"), hide_index=True, key="checkpoint_differences")
+        pairs = result["pairs"]
+        st.subheader(f"Differences from {pairs[0].draft_b}: {DIFFERENCE}")
+        show_pairs(pairs)
         st.subheader("A/A check: greedy over its second copy, timed in the same run")
         st.dataframe(result["aa"], hide_index=True, key="checkpoint_aa")
         if warning := aa_warning(result["aa"]):
             st.warning(warning)
-        profiles = [depth_profile([r.trace for r in arm]).assign(draft=name) for name, arm in arms.items()]
+        profiles = [depth_profile(traces).assign(draft=name) for name, traces in compared_traces(pairs).items()]
         profile = pd.concat(profiles, ignore_index=True).dropna(subset=["anchor_error_ms"])
         if len(profile):
             st.plotly_chart(
@@ -122,10 +160,13 @@ with tab_store:
     runs = runs[runs.rounds > 0]
     labels = widgets.run_labels(runs)
     left, right = st.columns(2)
-    run_a = left.selectbox("Run a", list(labels), format_func=labels.get, key="store_a")
-    run_b = right.selectbox("Run b", list(labels), index=min(1, len(labels) - 1), format_func=labels.get, key="store_b")
+    run_a = left.selectbox("Run A", list(labels), format_func=labels.get, key="store_a")
+    run_b = right.selectbox("Run B", list(labels), index=min(1, len(labels) - 1), format_func=labels.get, key="store_b")
     if run_a and run_b and st.button("Compare runs", key="compare_runs"):
         try:
-            st.dataframe(widgets.store().compare_runs(run_a, run_b), hide_index=True, key="store_comparison")
+            comparison = widgets.store().compare_runs(run_a, run_b)
+            st.dataframe(comparison.table(), hide_index=True, key="store_comparison")
+            st.caption(comparison.caption(labels[run_a], labels[run_b]))
+            side_by_side(run_a, run_b)
         except widgets.DECODE_ERRORS as error:
             widgets.report(error)

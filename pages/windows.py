@@ -7,10 +7,12 @@ import streamlit as st
 
 import widgets
 from specasr.align import AlignmentError
+from specasr.compare import COLUMNS, DIFFERENCE, Comparison, compare
 from specasr.metrics import acceptance, depth_profile
 from specasr.views import depth_figure, survival_figure
 from specasr.windows import WINDOWS
 
+BASE = "unrestricted"  # the window every other is compared with
 st.title("Windows")
 st.write(
     "One click decodes the clip under every window condition with the same draft and K. If the draft uses the audio "
@@ -41,7 +43,15 @@ def run_windows(clip, settings) -> dict:
             widgets.report(error)
             return {}
         status.update(label="Done", state="complete", expanded=False)
-    return {"traces": traces, "reasons": {w: r for w, r in reasons.items() if r}, "runs": runs}
+    reasons = {w: r for w, r in reasons.items() if r}
+    return {"traces": traces, "reasons": reasons, "runs": runs, "differences": differences_from_base(traces)}
+
+
+def differences_from_base(traces: dict) -> dict[str, Comparison]:
+    """Each window (A) against the unrestricted one (B) on the clip, as every page compares two runs."""
+    if BASE not in traces:
+        return {}
+    return {window: compare([trace], [traces[BASE]]) for window, trace in traces.items() if window != BASE}
 
 
 if st.button("Run every window", type="primary", key="run_windows", disabled=clip is None):
@@ -80,3 +90,13 @@ if len(errors):
 else:
     right.info("No anchor errors: the draft has no audio attention, or no token got a reference frame.")
 st.dataframe(summary, hide_index=True, key="summary")
+
+differences = result["differences"]
+if differences:
+    st.subheader(f"Each window against {BASE}: {DIFFERENCE}")
+    rows = [c.table().assign(window=w) for w, c in differences.items()]
+    st.dataframe(pd.concat(rows)[["window", *COLUMNS]], hide_index=True, key="differences")
+    st.caption(next(iter(differences.values())).caption("the row's window", BASE))
+    for window in differences:
+        query = {"a": result["runs"][window], "b": result["runs"][BASE]}
+        st.page_link("pages/compare.py", label=f"Open {window} and {BASE} side by side", query_params=query)

@@ -14,11 +14,12 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import duckdb
 import numpy as np
@@ -30,17 +31,17 @@ from specasr.audio import SAMPLE_RATE
 from specasr.cache import cache_dir
 from specasr.metrics import (
     Acceptance,
-    acceptance,
     anchor_error_table,
-    paired_bootstrap,
     pooled_acceptance,
     word_error_rate,
 )
 from specasr.trace import CodeVersion, DraftStep, Round, Segment, Settings, Timings, Trace, VerifiedToken
 
+if TYPE_CHECKING:
+    from specasr.compare import Comparison
+
 APPLICATION = "specasr"
 RETRY_SECONDS = 0.05
-ACCEPTANCE_METRICS = ("a1", "a2c", "L", "tokens_per_round")
 # Processes take turns through the file's lock; threads of one process share one database and would conflict
 # when two transactions insert the same clip, so they take turns here.
 _THREAD_WRITES = threading.Lock()
@@ -599,30 +600,17 @@ class Store:
         columns = ["run_id", "target", "draft_name", "window", "k", "clips", "decodes", "rounds", "draft_steps"]
         return summary[[*columns, "tokens", "a1", "a2c", "L", "seconds", "median_wer"]]
 
-    def compare_runs(
-        self,
-        run_a: str,
-        run_b: str,
-        metrics: Sequence[str] = ("a1", "a2c", "L"),
-        draws: int = 10_000,
-        seed: int = 0,
-    ) -> pd.DataFrame:
-        """Run b minus run a on the clips both decoded (each clip's first repeat), with paired bootstrap intervals."""
-        unknown = [m for m in metrics if m not in ACCEPTANCE_METRICS]
-        if unknown:
-            raise ValueError(f"unknown metric {', '.join(unknown)}; choose from {', '.join(ACCEPTANCE_METRICS)}")
+    def compare_runs(self, run_a: str, run_b: str) -> "Comparison":
+        """Run A against run B on the clips both decoded, each metric as A - B with its paired bootstrap interval
+        (compare.compare, as Side by side, Checkpoints and Windows show it); speed too where both runs were timed in
+        one batch beside a greedy baseline."""
+        from specasr.compare import compare  # compare reads traces through experiments, which imports this module
+
         with self._connect() as con:
-            first_a = _first_repeats(self._read_run(con, run_a))
-            first_b = _first_repeats(self._read_run(con, run_b))
-        shared = [clip for clip in first_a if clip in first_b]
-        if not shared:
-            raise ValueError(f"runs {run_a} and {run_b} decoded no clip in common")
-        arm_a, arm_b = [first_a[c] for c in shared], [first_b[c] for c in shared]
-        rows = []
-        for metric in metrics:
-            interval = paired_bootstrap(arm_a, arm_b, _acceptance_of(metric), draws, seed)
-            rows.append({"metric": metric, "clips": len(shared), **asdict(interval)})
-        return pd.DataFrame(rows, columns=["metric", "clips", "estimate", "low", "high"])
+            traces_a, traces_b = (_by_repeat(self._read_run(con, run)) for run in (run_a, run_b))
+            baseline = con.execute(_BATCH_BASELINE, {"a": run_a, "b": run_b}).fetchone()
+            greedy = None if baseline is None else _by_repeat(self._read_run(con, baseline[0]))
+        return compare(traces_a, traces_b, greedy)
 
     def _acceptances(self, con: duckdb.DuckDBPyConnection, run_ids: Sequence[str]) -> dict[str, Acceptance]:
         """Each speculative run's acceptance pooled over its rounds, in run_ids order (greedy runs have none)."""
@@ -695,12 +683,9 @@ def _split_by_decode(rows: pd.DataFrame, decodes: pd.Series) -> list[pd.DataFram
     return [groups.get(decode, empty).drop(columns="decode") for decode in decodes]
 
 
-def _first_repeats(decoded: list[tuple[int, Trace]]) -> dict[str, Trace]:
-    """Each clip's trace from its first repeat, by clip hash, in decode order."""
-    first: dict[str, Trace] = {}
-    for _, trace in sorted(decoded, key=lambda pair: pair[0]):  # stable: decode order within a repeat
-        first.setdefault(trace.clip_hash, trace)
-    return first
+def _by_repeat(decoded: list[tuple[int, Trace]]) -> list[Trace]:
+    """A run's traces, repeat by repeat (decode order within a repeat): each clip's first repeat comes first."""
+    return [trace for _, trace in sorted(decoded, key=lambda pair: pair[0])]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -756,6 +741,15 @@ _ACCEPTED_COUNTS = """
 """
 
 
+# The greedy run timed beside two runs: the first baseline of the batch both belong to (its A/A copy comes later).
+_BATCH_BASELINE = """
+    SELECT run_id FROM runs
+    WHERE draft IS NULL AND NOT verify_peaks
+      AND batch = (SELECT batch FROM runs WHERE run_id = $a) AND batch = (SELECT batch FROM runs WHERE run_id = $b)
+    ORDER BY created, run_id LIMIT 1
+"""
+
+
 def _overview(con: duckdb.DuckDBPyConnection, where: str, params: dict) -> pd.DataFrame:
     """_RUN_OVERVIEW's rows that match, newest first, with each run's phase seconds summed into its total."""
     frame = con.execute(f"SELECT * FROM ({_RUN_OVERVIEW}) WHERE {where} ORDER BY created DESC, run_id", params).df()
@@ -771,8 +765,3 @@ def run_label(run) -> str:
     clips = run.first_clip if run.clips == 1 else f"{run.clips} clips"
     arm = "greedy" if run.draft_name == "none" else f"{run.draft_name.split('@')[0]} {run.window} K={run.k}"
     return f"{clips}: {arm} ({run.command})"
-
-
-def _acceptance_of(name: str) -> Callable[[list[Trace]], float | None]:
-    """An attribute of the traces' pooled acceptance, as a metric for the bootstrap."""
-    return lambda traces: getattr(acceptance(traces), name)

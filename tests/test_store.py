@@ -10,7 +10,6 @@ import pandas as pd
 import pytest
 
 from specasr.align import ClipReference, WordTime
-from specasr.metrics import acceptance, paired_bootstrap
 from specasr.store import (
     RUN_TABLES,
     SCHEMA_VERSION,
@@ -174,21 +173,19 @@ def test_runs_lists_history_newest_first_and_filters(store, hand_runs):
     assert store.runs(until=datetime(2000, 1, 1)).empty
 
 
-def test_compare_runs_matches_clips_and_uses_first_repeats(store):
+def test_compare_runs_matches_clips_uses_first_repeats_and_reports_a_minus_b(store):
     other = replace(SPECULATIVE, draft="other-draft")
-    arm_a = [speculative_trace("c1", [3, 1]), speculative_trace("c2", [1, 1]), speculative_trace("c1", [0, 0])]
+    arm_a = [speculative_trace("c1", [0, 0]), speculative_trace("c1", [3, 1]), speculative_trace("c2", [1, 1])]
     arm_b = [speculative_trace(c, accepted, other) for c, accepted in (("c3", [3]), ("c2", [2, 0]), ("c1", [3, 3]))]
-    run_a = store.write_run(arm_a, "bench", repeats=[0, 0, 1])
+    run_a = store.write_run(arm_a, "bench", repeats=[1, 0, 0])  # c1's first repeat written after its second
     run_b = store.write_run(arm_b, "bench")
-    table = store.compare_runs(run_a, run_b, draws=200).set_index("metric")
-    # Shared clips c1 and c2. a pools [3, 1, 1, 1]: s = 1, 1, 1/4, 1/4; b pools [3, 3, 2, 0]: s = 1, 3/4, 3/4, 1/2.
-    assert table.clips.tolist() == [2, 2, 2]
-    assert table.estimate.to_dict() == {"a1": -0.25, "a2c": 0.75, "L": 0.5}
-    matched_a, matched_b = arm_a[:2], [arm_b[2], arm_b[1]]
-    interval = paired_bootstrap(matched_a, matched_b, lambda traces: acceptance(traces).L, draws=200, seed=0)
-    assert (table.loc["L", "low"], table.loc["L", "high"]) == (interval.low, interval.high)
-    with pytest.raises(ValueError, match="unknown metric"):
-        store.compare_runs(run_a, run_b, metrics=["speed"])
+    table = store.compare_runs(run_a, run_b).table().set_index("metric")
+    # Shared clips c1 and c2. A pools [3, 1, 1, 1]: s = 1, 1, 1/4, 1/4; B pools [3, 3, 2, 0]: s = 1, 3/4, 3/4, 1/2.
+    assert table.clips.tolist() == [2] * len(table)
+    assert table.loc[["a1", "a2c", "L"], "A - B"].to_dict() == {"a1": 0.25, "a2c": -0.75, "L": -0.5}
+    assert table.loc[["a1", "a2c", "L"], "A"].to_dict() == {"a1": 1.0, "a2c": 0.25, "L": 1.5}
+    assert (table.low <= table["A - B"]).all() and (table["A - B"] <= table.high).all()
+    assert "decode_speedup" not in table.index  # no greedy baseline timed beside them
 
 
 # ---------------------------------------------------------------------------------------------------------------------
