@@ -7,6 +7,7 @@ from dataclasses import replace
 import streamlit as st
 
 import widgets
+from player import drift_player
 from specasr.audio import SAMPLE_RATE
 from specasr.bench import aa_check, benchmark, store_results, summary
 from specasr.metrics import aa_warning, acceptance, word_error_rate
@@ -90,8 +91,11 @@ st.caption(
     f"{trace.clip_id}: {trace.settings.target} on {trace.settings.device} ({trace.settings.dtype}), draft "
     f"{trace.draft_name}, window {trace.settings.window}, K={trace.settings.k}; stored as run {result['run']}."
 )
+listen = False  # the clip's player tied to the drift plot below, where the audio is at hand
 if result["audio"] is not None:
-    st.audio(result["audio"], sample_rate=SAMPLE_RATE)
+    listen = st.toggle("Listen along the drift plot (click a token to play from its time)", True, key="listen")
+    if not listen:
+        st.audio(result["audio"], sample_rate=SAMPLE_RATE)
 
 tokens = token_rows(trace, pieces)
 st.subheader("Transcript")
@@ -168,7 +172,11 @@ runtime = widgets.runtime_layer(trace)
 layer = st.selectbox(  # one choice per target: another target's layer numbers mean other layers
     "Target layer for verification peaks", range(layers), min(runtime, layers - 1), key=f"layer_{trace.settings.target}"
 )
-st.plotly_chart(drift_figure(trace, pieces, layer, result["audio"]), key="drift")
+figure = drift_figure(trace, pieces, layer, result["audio"])
+if listen:
+    drift_player(figure, result["audio"])
+else:
+    st.plotly_chart(figure, key="drift")
 st.caption(
     "Each row is a transcript token. Circles: the draft's attention peak for an accepted proposal (larger: deeper in "
     "the round); crosses: rejected proposals; line: where the target's verification attended at the chosen layer; "

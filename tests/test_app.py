@@ -66,6 +66,9 @@ def test_live_decode_shows_transcript_metrics_and_drift(sample_clips):
     wer = next(m.value for m in app.metric if m.label == "Word error rate against the reference")
     assert wer == f"{Store().runs().median_wer.iloc[0]:.1%}"  # the stored decode's WER, shown
     assert "Decode-phase speedup" not in labels and app.info[0].value.startswith("Not timed")  # Run only decodes
+    player = app.get("iframe")[0].proto.srcdoc  # the clip's player over the drift plot
+    assert "data:audio/wav;base64," in player and '"name":"forced alignment"' in player
+    app.toggle(key="listen").set_value(False).run()  # the plain chart, to read its figure
     drift = figures(app)["drift"]
     assert {"waveform", "draft peak, proposal rejected", "forced alignment"} <= set(names(drift))
     assert any(n.startswith("target verification peak") for n in names(drift))
@@ -180,8 +183,9 @@ def test_a_shared_run_opens_in_a_fresh_session_without_its_model(sample_clips, p
     app.query_params["run"] = run_id
     app.run()
     assert not app.exception and not app.error
-    assert len(app.get("audio")) == 1 and "cooler" in text_of(app)
-    assert "waveform" in names(figures(app)["drift"]) and "heatmap" in figures(app)
+    player = app.get("iframe")[0].proto.srcdoc
+    assert "data:audio/wav;base64," in player and '"name":"waveform"' in player and "cooler" in text_of(app)
+    assert "heatmap" in figures(app)
     assert (app.sidebar.selectbox(key="window").value, app.sidebar.slider(key="k").value) == ("correct", 3)
     assert app.sidebar.selectbox(key="draft").value == "whisper-tiny.en/control"
     assert not app.warning  # the sidebar matches the shown run: nothing is stale

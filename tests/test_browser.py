@@ -96,7 +96,7 @@ def test_a_user_decodes_a_clip_and_visits_every_page(server, sample_clips):
         assert "Word error rate against the reference" in page.inner_text("body")
         shared = page.url  # the address now names the run and the settings
         assert "run=" in shared and "draft=" in shared
-        page.locator(".js-plotly-plot").first.wait_for()
+        page.frame_locator("iframe").first.locator(".js-plotly-plot").wait_for()  # the drift plot with its player
         assert "Not timed" in page.inner_text("body")  # Run decodes; timing waits for its own button
         page.get_by_role("button", name="Time it").click()
         page.get_by_text("Decode-phase speedup").wait_for()
@@ -132,8 +132,9 @@ def test_a_user_decodes_a_clip_and_visits_every_page(server, sample_clips):
         fresh.goto(shared)
         fresh.get_by_text("L (accepted per round)").wait_for()
         settle(fresh)
-        fresh.locator(".js-plotly-plot").first.wait_for()
-        assert fresh.locator("audio").count() == 1 and "judgment" in fresh.inner_text("body")
+        player = fresh.frame_locator("iframe").first
+        player.locator(".js-plotly-plot").wait_for()
+        assert player.locator("audio").count() == 1 and "judgment" in fresh.inner_text("body")
         assert "Stale" not in fresh.inner_text("body")  # its sidebar took the run's settings
         fresh.screenshot(path=str(shots / "shared-run.png"), full_page=True)
         browser.close()
@@ -156,7 +157,7 @@ def test_a_70_second_clip_is_drawn_on_its_own_time_axis(server, tmp_path):
         page.get_by_text("L (accepted per round)").wait_for()
         settle(page)
         page.get_by_text("Draft attention heatmap").click()
-        heatmap = page.locator(".js-plotly-plot").nth(1)
+        heatmap = page.locator("[data-testid=stExpander] .js-plotly-plot").first
         heatmap.wait_for()
         starts = heatmap.evaluate("plot => plot.data.filter(t => t.type === 'heatmap').map(t => t.x[0])")
         cuts = heatmap.evaluate("plot => plot.layout.shapes.map(s => s.x0)")
