@@ -4,11 +4,15 @@ import streamlit as st
 
 st.set_page_config(page_title="specasr", layout="wide")
 PAGES = [
-    st.Page("pages/decode.py", title="Live decode", default=True),
-    st.Page("pages/windows.py", title="Windows"),
-    st.Page("pages/drift.py", title="Drift"),
-    st.Page("pages/checkpoints.py", title="Checkpoints"),
-    st.Page("pages/cost_rule.py", title="Cost rule"),
-    st.Page("pages/runs.py", title="Runs"),
+    st.Page("app_pages/decode.py", title="Live decode", default=True),
+    st.Page("app_pages/dataset.py", title="Dataset"),
+    st.Page("app_pages/compare.py", title="Side by side"),
+    st.Page("app_pages/windows.py", title="Windows"),
+    st.Page("app_pages/drift.py", title="Drift"),
+    st.Page("app_pages/checkpoints.py", title="Checkpoints"),
+    st.Page("app_pages/cost_rule.py", title="Cost rule"),
+    st.Page("app_pages/runs.py", title="Runs"),
 ]
-st.navigation(PAGES).run()
+page = st.navigation(PAGES)
+st.session_state["page"] = page.title
+page.run()

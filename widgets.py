@@ -53,6 +53,8 @@ def devices() -> list[str]:
 
 
 # Sidebar settings kept in the page's address, so that a link reopens the same view: query parameter -> its type.
+SIDEBAR_KEYS = ("target", "target_folder", "device", "dtype", "draft", "draft_dtype", "k", "window", "half_width")
+SIDEBAR_KEYS += ("runtime_layer", "threshold")
 URL_SETTINGS = {"target": str, "device": str, "dtype": str, "draft": str, "window": str, "k": int, "threshold": float}
 
 
@@ -126,6 +128,9 @@ def settings_sidebar(windows: bool = True) -> Settings:
     """The decode settings, from the sidebar (first from the page's address); changing them decodes nothing until a
     page's Run button, and writes them back to the address."""
     _settings_from_url()
+    if st.session_state.get("sidebar_page") != st.session_state.get("page"):  # Streamlit resets a new page's widgets
+        st.session_state["sidebar_page"] = st.session_state.get("page")
+        _set_sidebar(st.session_state.get("sidebar", {}))
     bar = st.sidebar
     target = _select(bar, "Target", [*BUILTIN_TARGETS, LOCAL_TARGET], key="target")
     if target == LOCAL_TARGET:
@@ -156,6 +161,7 @@ def settings_sidebar(windows: bool = True) -> Settings:
         threshold=threshold,
     )
     st.query_params.update({key: str(getattr(settings, key)) for key in URL_SETTINGS})
+    st.session_state["sidebar"] = {key: st.session_state[key] for key in SIDEBAR_KEYS if key in st.session_state}
     return settings
 
 

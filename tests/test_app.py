@@ -21,7 +21,7 @@ APP = str(ROOT / "app.py")
 
 def page(name: str | None = None, timeout: int = 300) -> AppTest:
     app = AppTest.from_file(APP, default_timeout=timeout).run()
-    return app.switch_page(f"pages/{name}.py").run() if name else app
+    return app.switch_page(f"app_pages/{name}.py").run() if name else app
 
 
 def figures(app: AppTest) -> dict[str, dict]:
@@ -191,6 +191,17 @@ def test_a_shared_run_opens_in_a_fresh_session_without_its_model(sample_clips, p
     assert not app.warning  # the sidebar matches the shown run: nothing is stale
     app.sidebar.slider(key="k").set_value(4).run()
     assert app.warning[0].value.startswith("Stale: the result below was decoded with other settings (k differ")
+
+
+def test_the_sidebar_keeps_its_settings_from_page_to_page():
+    app = page()
+    app.sidebar.slider(key="k").set_value(7)
+    app.sidebar.selectbox(key="window").set_value("shift").run()
+    for name in ("dataset", "windows", "compare", "decode"):  # Side by side draws no settings: they come back after it
+        app.switch_page(f"app_pages/{name}.py").run()
+        assert not app.exception and not app.warning
+        assert name == "compare" or app.sidebar.slider(key="k").value == 7
+    assert app.sidebar.selectbox(key="window").value == "shift"
 
 
 def test_settings_in_the_address_set_the_sidebar():

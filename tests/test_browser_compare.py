@@ -20,12 +20,7 @@ def test_side_by_side_shows_two_drafts_on_the_same_clips(server, tmp_path, pipel
         browser = p.chromium.launch(executable_path=CHROMIUM, args=args)
         page = browser.new_page(viewport={"width": 1400, "height": 1800})
         page.set_default_timeout(300_000)
-        # The dashboard has run once (a fresh server's first script run at a page's own address would take the
-        # pages/ folder for Streamlit's older multipage layout, app.py unrun); then the link opens.
-        page.goto(server)
-        page.get_by_text("Live decode", exact=True).first.wait_for()
-        settle(page)
-        page.goto(f"{server}/compare?a={run_a}&b={run_b}")
+        page.goto(f"{server}/compare?a={run_a}&b={run_b}")  # a link, the fresh server's first request
         page.get_by_text("A - B over the 2 clips both runs decoded").wait_for()
         settle(page)
         page.locator(".js-plotly-plot").nth(1).wait_for()

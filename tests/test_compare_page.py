@@ -41,7 +41,7 @@ def two_runs(monkeypatch) -> tuple[str, str]:
 def opened(**address: str):
     app = page()
     app.query_params.update(address)
-    return app.switch_page("pages/compare.py").run()
+    return app.switch_page("app_pages/compare.py").run()
 
 
 def param(app, key: str) -> str:

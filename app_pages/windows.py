@@ -99,4 +99,4 @@ if differences:
     st.caption(next(iter(differences.values())).caption("the row's window", BASE))
     for window in differences:
         query = {"a": result["runs"][window], "b": result["runs"][BASE]}
-        st.page_link("pages/compare.py", label=f"Open {window} and {BASE} side by side", query_params=query)
+        st.page_link("app_pages/compare.py", label=f"Open {window} and {BASE} side by side", query_params=query)

@@ -84,7 +84,7 @@ def compared_traces(pairs: list[DraftPair]) -> dict[str, list[Trace]]:
 
 
 def side_by_side(run_a: str, run_b: str, name: str = "A and B") -> None:
-    st.page_link("pages/compare.py", label=f"Open {name} side by side", query_params={"a": run_a, "b": run_b})
+    st.page_link("app_pages/compare.py", label=f"Open {name} side by side", query_params={"a": run_a, "b": run_b})
 
 
 tab_run, tab_store = st.tabs(["Run now", "From the store"])

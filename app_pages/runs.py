@@ -53,8 +53,8 @@ with st.form("runs_label"):
         except widgets.DECODE_ERRORS as error:
             widgets.report(error)
 left, right = st.columns(2)
-left.page_link("pages/decode.py", label=f"Show run {run_id} on Live decode", query_params={"run": run_id})
-right.page_link("pages/drift.py", label=f"Show run {run_id} on Drift", query_params={"run": run_id})
+left.page_link("app_pages/decode.py", label=f"Show run {run_id} on Live decode", query_params={"run": run_id})
+right.page_link("app_pages/drift.py", label=f"Show run {run_id} on Drift", query_params={"run": run_id})
 st.caption(f"Shareable: add ?run={run_id} to the Live decode or Drift page's address.")
 
 

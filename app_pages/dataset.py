@@ -186,7 +186,7 @@ st.caption(
 if event.selection.rows:
     row = shown.iloc[event.selection.rows[0]]
     st.page_link(
-        "pages/decode.py",
+        "app_pages/decode.py",
         label=f"Open {row.clip_id} on Live decode (run {row.run_id}): hear it while watching drift",
         icon=":material/play_circle:",
         query_params={"run": row.run_id, "clip": row.clip_id},
