@@ -205,11 +205,16 @@ class PeerProcess:
         peer = (target.name, target.prompt, target.max_length, device, dtype)  # FasterWhisper's arguments
         self._process = context.Process(target=_serve, args=(child, *peer), daemon=True)
         self._process.start()
+        child.close()  # the child holds its own end: should it die, recv() ends instead of waiting forever
         self._call("ready")
 
     def _call(self, *request):
-        self._connection.send(request)
-        ok, value = self._connection.recv()
+        try:
+            self._connection.send(request)
+            ok, value = self._connection.recv()
+        except (EOFError, BrokenPipeError):
+            self._process.join(timeout=5)
+            raise RuntimeError(f"the faster-whisper process ended (exit code {self._process.exitcode})") from None
         if not ok:
             raise value
         return value

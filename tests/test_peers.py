@@ -1,6 +1,7 @@
 """Peers: faster-whisper, transformers `generate` and its assisted generation decode what they decode on their own,
 through the pipeline."""
 
+import numpy as np
 import pytest
 from faster_whisper import WhisperModel
 from transformers import WhisperConfig, WhisperForCausalLM
@@ -111,3 +112,13 @@ def test_faster_whisper_runs_in_a_process_of_its_own(pipeline, tiny_en, sample_c
     audio = load_audio(sample_clips[0].path)
     here = FasterWhisper(tiny_en.name, tiny_en.prompt, tiny_en.max_length, "cpu", "float32")
     assert peer.decode(peer.encode(peer.features(audio))) == here.decode(here.encode(here.features(audio)))
+
+
+def test_a_peer_process_that_dies_is_an_error_not_a_hang(tiny_en):
+    from specasr.peers import PeerProcess
+
+    peer = PeerProcess(tiny_en, "cpu", "float32")
+    peer._process.kill()
+    peer._process.join()
+    with pytest.raises(RuntimeError, match="faster-whisper process ended"):
+        peer.features(np.zeros(16000, dtype=np.float32))
