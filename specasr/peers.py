@@ -9,7 +9,9 @@ torch's decoding loops by a fifth once it had run (README, "Peers side by side")
 
 import copy
 import multiprocessing
-from collections.abc import Sequence
+import sys
+import types
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from itertools import count
 from pathlib import Path
@@ -204,7 +206,8 @@ class PeerProcess:
         self._connection, child = context.Pipe()
         peer = (target.name, target.prompt, target.max_length, device, dtype)  # FasterWhisper's arguments
         self._process = context.Process(target=_serve, args=(child, *peer), daemon=True)
-        self._process.start()
+        with _no_main_script():
+            self._process.start()
         child.close()  # the child holds its own end: should it die, recv() ends instead of waiting forever
         self._call("ready")
 
@@ -230,6 +233,18 @@ class PeerProcess:
 
     def decode(self, memory: int) -> list[int]:
         return self._call("decode", memory)
+
+
+@contextmanager
+def _no_main_script() -> Iterator[None]:
+    """A spawned process runs the parent's __main__ script again before its target; under Streamlit's AppTest that
+    script is the dashboard. The peer needs none of it, so the child starts from an empty __main__."""
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
 
 
 def _serve(connection, *peer) -> None:

@@ -159,8 +159,9 @@ def test_a_70_second_clip_is_drawn_on_its_own_time_axis(server, tmp_path):
         page.get_by_text("Draft attention heatmap").click()
         heatmap = page.locator("[data-testid=stExpander] .js-plotly-plot").first
         heatmap.wait_for()
-        starts = heatmap.evaluate("plot => plot.data.filter(t => t.type === 'heatmap').map(t => t.x[0])")
-        cuts = heatmap.evaluate("plot => plot.layout.shapes.map(s => s.x0)")
+        # as plotly.js drew them (plot.data can hold the arrays still encoded)
+        starts = heatmap.evaluate("plot => plot._fullData.filter(t => t.type === 'heatmap').map(t => t.x[0])")
+        cuts = heatmap.evaluate("plot => plot._fullLayout.shapes.map(s => s.x0)")
         assert len(starts) == 3 and starts[0] == pytest.approx(0.0)
         assert starts[1:] == pytest.approx(cuts, abs=1e-6) and 20 < cuts[0] < 30 < cuts[1] < 60  # cut at quiet points
         shots = Path(os.environ.get("SPECASR_SCREENSHOTS", ROOT / "cache" / "screenshots"))
