@@ -11,6 +11,7 @@ import argparse
 import io
 import statistics
 import time
+from pathlib import Path
 
 import numpy as np
 import soundfile
@@ -21,6 +22,7 @@ from specasr.dataset import load_manifest
 from specasr.pipeline import Pipeline
 
 GAP_SECONDS = 0.5
+APP = Path(__file__).resolve().parents[1] / "app.py"
 
 
 def thirty_second_clip() -> bytes:
@@ -57,7 +59,7 @@ def main() -> None:
     Pipeline.decode = timed_decode
     rows = []
     for repeat in range(args.repeats + 1):  # the first loads the models: not counted
-        app = AppTest.from_file("app.py", default_timeout=600).run()
+        app = AppTest.from_file(str(APP), default_timeout=600).run()
         app.sidebar.selectbox(key="draft").set_value(args.draft)
         app.sidebar.selectbox(key="draft_dtype").set_value("float16")
         app.radio(key="decode_source").set_value("upload").run()
