@@ -30,6 +30,17 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking"]
+
+
+def open_browser(p, height: int, timeout_ms: int = 300_000):
+    """Debian's chromium and a page of it, 1400 px wide."""
+    browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    page = browser.new_page(viewport={"width": 1400, "height": height})
+    page.set_default_timeout(timeout_ms)
+    return browser, page
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -77,11 +88,8 @@ def settle(page) -> None:
 def test_a_user_decodes_a_clip_and_visits_every_page(server, sample_clips):
     shots = Path(os.environ.get("SPECASR_SCREENSHOTS", ROOT / "cache" / "screenshots"))
     shots.mkdir(parents=True, exist_ok=True)
-    args = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking"]
     with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=args)
-        page = browser.new_page(viewport={"width": 1400, "height": 2400})
-        page.set_default_timeout(300_000)
+        browser, page = open_browser(p, height=2400, timeout_ms=300_000)
         page.goto(server)
         page.get_by_text("Live decode", exact=True).first.wait_for()
         page.get_by_text("upload", exact=True).click()
@@ -144,11 +152,8 @@ def test_a_70_second_clip_is_drawn_on_its_own_time_axis(server, tmp_path):
     """The heatmap of a clip decoded in three 30 s windows puts each window's attention at its place in the clip."""
     clip = tmp_path / "seventy-seconds.wav"
     soundfile.write(clip, long_clip(70.0), SAMPLE_RATE)
-    args = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking"]
     with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=args)
-        page = browser.new_page(viewport={"width": 1400, "height": 2400})
-        page.set_default_timeout(600_000)
+        browser, page = open_browser(p, height=2400, timeout_ms=600_000)
         page.goto(f"{server}/?draft=whisper-tiny.en/control&k=3")
         page.get_by_text("upload", exact=True).click()
         page.set_input_files("input[type=file]", str(clip))

@@ -4,7 +4,7 @@ $SPECASR_SCREENSHOTS (default cache/screenshots)."""
 import os
 from pathlib import Path
 
-from test_browser import CHROMIUM, ROOT, playwright, pytestmark, server, settle  # noqa: F401 (server: a fixture)
+from test_browser import ROOT, open_browser, playwright, pytestmark, server, settle  # noqa: F401 (server: a fixture)
 
 from specasr.store import Store
 from specasr.trace import Settings
@@ -15,11 +15,8 @@ def test_side_by_side_shows_two_drafts_on_the_same_clips(server, tmp_path, pipel
     store = Store(tmp_path / "runs.duckdb")  # the server's store
     drafts = [Settings(draft=f"whisper-tiny.en/{name}", k=3, reference="always") for name in ("control", "no-audio")]
     run_a, run_b = (store.write_run([pipeline.decode(clip, draft) for clip in clips], "test") for draft in drafts)
-    args = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking"]
     with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=args)
-        page = browser.new_page(viewport={"width": 1400, "height": 1800})
-        page.set_default_timeout(300_000)
+        browser, page = open_browser(p, height=1800, timeout_ms=300_000)
         page.goto(f"{server}/compare?a={run_a}&b={run_b}")  # a link, the fresh server's first request
         page.get_by_text("A - B over the 2 clips both runs decoded").wait_for()
         settle(page)

@@ -7,28 +7,16 @@ plays. Skips, saying why, where chromium or playwright is missing.
 
 import os
 import re
-import shutil
 from pathlib import Path
 
-import pytest
-from test_browser import server, settle  # noqa: F401 (server is a fixture)
-
-ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = shutil.which("chromium")
-playwright = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None, reason="Debian's chromium is not installed (apt-get install chromium)"
-)
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking"]
+from test_browser import ROOT, open_browser, playwright, pytestmark, server, settle  # noqa: F401
 
 
 def test_a_user_decodes_five_clips_and_opens_the_worst(server, speech):  # noqa: F811
     shots = Path(os.environ.get("SPECASR_SCREENSHOTS", ROOT / "cache" / "screenshots"))
     shots.mkdir(parents=True, exist_ok=True)
     with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1400})
-        page.set_default_timeout(300_000)
+        browser, page = open_browser(p, height=1400, timeout_ms=300_000)
         page.goto(server)  # the sidebar's default settings: the shipped AnchorDraft
         page.get_by_text("Live decode", exact=True).first.wait_for()
         settle(page)

@@ -4,23 +4,17 @@ token's time and that the playhead follows the audio as it really plays. Saves a
 $SPECASR_SCREENSHOTS (default cache/screenshots). Skips, saying why, where chromium or playwright is missing."""
 
 import os
-import shutil
 from pathlib import Path
 
 import pytest
+from test_browser import CHROMIUM, CHROMIUM_ARGS, ROOT, playwright, pytestmark  # noqa: F401 (pytestmark: the skip)
 from test_player import PIECES, clip
 from test_views import long_trace
 
 from player import player_height, player_html
 from specasr.views import drift_figure
 
-ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = shutil.which("chromium")
-playwright = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None, reason="Debian's chromium is not installed (apt-get install chromium)"
-)
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--autoplay-policy=no-user-gesture-required"]
+ARGS = [*CHROMIUM_ARGS, "--autoplay-policy=no-user-gesture-required"]
 PLAYHEAD_X = "document.getElementById('plot').layout.shapes.at(-1).x0"
 
 
