@@ -9,6 +9,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pandas as pd
+import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
@@ -68,11 +69,23 @@ def _layers(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected layer numbers separated by commas, got {text!r}") from None
 
 
+def _device(text: str) -> str:
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"unknown device {text!r}; use cpu, cuda or cuda:N") from None
+    if device.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"specasr decodes on cpu or cuda, not {device.type}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError("no CUDA device here (torch sees none); use cpu")
+    return text
+
+
 def _add_target_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--target", default="whisper-tiny.en", help=f"{' | '.join(BUILTIN_TARGETS)} | local folder | hub id"
     )
-    parser.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
+    parser.add_argument("--device", default="cpu", type=_device, help="cpu | cuda | cuda:N")
     parser.add_argument("--dtype", default="float32", choices=list(DTYPES))
 
 

@@ -60,8 +60,10 @@ class Settings:
             )
         if (self.assistant is not None) != (self.decoder == "transformers-assisted"):
             raise ValueError("an assistant goes with the transformers-assisted decoder, and that decoder needs one")
-        if self.half_width_ms < 0 or self.max_seconds <= 0:
-            raise ValueError("the window half-width must be >= 0 and the length limit > 0")
+        if not self.half_width_ms >= 0:  # NaN too
+            raise ValueError(f"the window half-width must be a number of milliseconds >= 0, got {self.half_width_ms:g}")
+        if not self.max_seconds > 0:
+            raise ValueError(f"the length limit must be a number of seconds > 0, got {self.max_seconds:g}")
 
     @property
     def needs_reference(self) -> bool:

@@ -215,3 +215,22 @@ def test_profile_prints_one_row_per_pass(capsys, sample_clips):
     rows = json.loads(capsys.readouterr().out)
     assert [row["pass"] for row in rows] == ["target step (1 row)", "verification (4 rows)", "draft step"]
     assert rows[1]["target_steps"] > 0 and rows[0]["lm head"] > 0
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (["--device", "tpu"], "--device: unknown device 'tpu'; use cpu, cuda or cuda:N"),
+        (["--device", "meta"], "--device: specasr decodes on cpu or cuda, not meta"),
+        (["--device", "mps"], "--device: specasr decodes on cpu or cuda, not mps"),
+        (["--half-width-ms", "nan"], "the window half-width must be a number of milliseconds >= 0, got nan"),
+        (["--half-width-ms", "-5"], "the window half-width must be a number of milliseconds >= 0, got -5"),
+        (["--max-seconds", "-1"], "the length limit must be a number of seconds > 0, got -1"),
+    ],
+)
+def test_bad_options_get_one_message_naming_them(capsys, sample_clips, option, message):
+    try:
+        code = main(["decode", str(sample_clips[0].path), "--no-store", *option])
+    except SystemExit as stop:  # argparse's own refusal
+        code = stop.code
+    assert code == 2 and message in capsys.readouterr().err
