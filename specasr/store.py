@@ -317,7 +317,10 @@ class Store:
     def __init__(self, path: Path | str | None = None, timeout: float = 60.0):
         self.path = Path(path) if path is not None else default_db_path()
         self.timeout = timeout
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path == default_db_path():
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        elif not self.path.parent.is_dir():  # a mistyped folder is not made behind the user's back
+            raise StoreError(f"{self.path.parent} does not exist: create it first, or give a store path in a folder")
         with _THREAD_WRITES, self._connect() as con:
             _migrate(con, self.path)
             self._types = _column_types(con)

@@ -234,3 +234,8 @@ def test_bad_options_get_one_message_naming_them(capsys, sample_clips, option, m
     except SystemExit as stop:  # argparse's own refusal
         code = stop.code
     assert code == 2 and message in capsys.readouterr().err
+
+
+def test_a_mistyped_store_folder_is_refused_and_not_made(capsys, tmp_path):
+    assert main(["runs", "list", "--db", str(tmp_path / "typo" / "x.duckdb")]) == 2
+    assert "typo does not exist" in capsys.readouterr().err and not (tmp_path / "typo").exists()

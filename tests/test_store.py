@@ -507,3 +507,9 @@ def test_runs_get_a_name_and_a_note_and_otherwise_a_label_naming_the_clip(store)
     assert (row["label"], row["name"], row["note"]) == ("baseline take", "baseline take", "before the fix")
     with pytest.raises(KeyError):
         store.label_run("nonesuch", "x", "")
+
+
+def test_a_store_in_a_folder_that_does_not_exist_is_refused_and_nothing_is_made(tmp_path):
+    with pytest.raises(StoreError, match=r"typo does not exist: create it first, or give a store path in a folder"):
+        Store(tmp_path / "typo" / "runs.duckdb")
+    assert not (tmp_path / "typo").exists()
