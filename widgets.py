@@ -117,10 +117,13 @@ def changed_settings(decoded: Settings, current: Settings) -> list[str]:
     return [name for name in shown if getattr(resolved, name) != getattr(current, name)]
 
 
-def _select(container, label: str, options: list, key: str, **kwargs):
-    """A selectbox that drops a remembered value its options no longer hold (another target's draft or layers)."""
-    if key in st.session_state and st.session_state[key] not in options:
-        del st.session_state[key]
+def select(container, label: str, options: list, key: str, default=None, **kwargs):
+    """A selectbox that drops a remembered value its options no longer hold (another target's draft or layers, a
+    deleted run): back to `default` where one is given, else to the first option."""
+    if st.session_state.get(key) not in options:
+        st.session_state.pop(key, None)
+        if default is not None:
+            st.session_state[key] = default
     return container.selectbox(label, options, key=key, **kwargs)
 
 
@@ -132,19 +135,19 @@ def settings_sidebar(windows: bool = True) -> Settings:
         st.session_state["sidebar_page"] = st.session_state.get("page")
         _set_sidebar(st.session_state.get("sidebar", {}))
     bar = st.sidebar
-    target = _select(bar, "Target", [*BUILTIN_TARGETS, LOCAL_TARGET], key="target")
+    target = select(bar, "Target", [*BUILTIN_TARGETS, LOCAL_TARGET], key="target")
     if target == LOCAL_TARGET:
         folder = bar.text_input("Model folder", key="target_folder", help="transformers Whisper, Qwen3-ASR or Voxtral")
         target = folder.strip() or next(iter(BUILTIN_TARGETS))
         if not folder.strip():
             bar.caption(f"No folder given: decoding with {target}.")
-    device = _select(bar, "Device", devices(), key="device")
+    device = select(bar, "Device", devices(), key="device")
     bar.caption("Decoding on the GPU." if device.startswith("cuda") else "Decoding on the CPU.")
-    dtype = _select(bar, "Target dtype", list(DTYPES), key="dtype")
-    draft = _select(bar, "Draft", [*shipped_drafts(target), "random", "random-no-audio"], key="draft")
-    draft_dtype = _select(bar, "Draft dtype", [AS_TARGET, *DTYPES], key="draft_dtype", help="float16 is faster on CPU")
+    dtype = select(bar, "Target dtype", list(DTYPES), key="dtype")
+    draft = select(bar, "Draft", [*shipped_drafts(target), "random", "random-no-audio"], key="draft")
+    draft_dtype = select(bar, "Draft dtype", [AS_TARGET, *DTYPES], key="draft_dtype", help="float16 is faster on CPU")
     k = bar.slider("K (most proposals per round)", 1, 16, 4, key="k")
-    window = _select(bar, "Draft attention window", list(WINDOWS), key="window") if windows else "unrestricted"
+    window = select(bar, "Draft attention window", list(WINDOWS), key="window") if windows else "unrestricted"
     half_width = bar.number_input("Window half-width (ms)", 20.0, 5000.0, 400.0, step=20.0, key="half_width")
     layer = bar.number_input("Runtime layer (-1: the target's)", -1, 63, -1, key="runtime_layer")
     threshold = bar.slider("Confidence threshold", 0.0, 0.95, 0.0, step=0.05, key="threshold")

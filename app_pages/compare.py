@@ -20,13 +20,6 @@ ADDRESS = ("a", "b", "clip")
 EDGE = 0.02  # of the time axis, kept free on each side so that a mark at the clip's start or end is drawn whole
 
 
-def pick(container, label: str, options: list[str], key: str, default: str, **kwargs) -> str:
-    """A selectbox that starts on `default` and drops a remembered value its options no longer hold."""
-    if st.session_state.get(key) not in options:
-        st.session_state[key] = default
-    return container.selectbox(label, options, key=key, **kwargs)
-
-
 def adopt_address(labels: dict[str, str]) -> None:
     """On opening a link (an address the pickers did not write), the pickers take the runs and clip it names."""
     requested = tuple(st.query_params.get(key) for key in ADDRESS)
@@ -86,8 +79,8 @@ if not labels:
 adopt_address(labels)
 ids = list(labels)
 left, right = st.columns(2)
-run_a = pick(left, "Run A", ids, "side_a", ids[0], format_func=labels.get)
-run_b = pick(right, "Run B", ids, "side_b", ids[min(1, len(ids) - 1)], format_func=labels.get)
+run_a = widgets.select(left, "Run A", ids, "side_a", ids[0], format_func=labels.get)
+run_b = widgets.select(right, "Run B", ids, "side_b", ids[min(1, len(ids) - 1)], format_func=labels.get)
 st.query_params.update(a=run_a, b=run_b)
 shown = {"A": run_a, "B": run_b}
 if run_a == run_b:
@@ -125,7 +118,7 @@ by_clip = {a.clip_id: (a, b) for a, b in compared.pairs}
 clip_ids = list(by_clip)
 clip_id = clip_ids[0]
 if len(clip_ids) > 1:
-    clip_id = pick(st, "Clip", clip_ids, "side_clip", clip_ids[0])
+    clip_id = widgets.select(st, "Clip", clip_ids, "side_clip", clip_ids[0])
 st.query_params["clip"] = clip_id
 st.session_state["side_address"] = tuple(st.query_params.get(key) for key in ADDRESS)
 pair = by_clip[clip_id]
