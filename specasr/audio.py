@@ -5,8 +5,11 @@ import hashlib
 import io
 import itertools
 import os
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
@@ -14,12 +17,13 @@ import soundfile as sf
 import soxr
 
 if TYPE_CHECKING:
-    from specasr.align import WordTime
+    from specasr.words import WordTime
 
 SAMPLE_RATE = 16000
 DEFAULT_MAX_SECONDS = 600.0  # ten minutes; longer recordings are refused unless a higher limit is asked for
 MIN_SECONDS = 0.1  # five encoder frames; anything shorter holds no word
 SILENCE_PEAK = 1e-4  # about 3 LSB of 16-bit PCM, so dither and DC noise still count as silence
+FLOAT_PEAK_LIMIT = 10.0  # 20 dB over full scale: beyond any float file's headroom, so the samples are scaled wrongly
 CUT_SEARCH_SECONDS = 5.0  # a long clip is cut at the quietest point within this much before each window's end
 QUIET_SMOOTHING = 5  # frames of energy averaged when looking for the quietest point
 
@@ -43,6 +47,25 @@ class Clip:
     @property
     def seconds(self) -> float:
         return len(self.audio) / SAMPLE_RATE
+
+
+def clip_ids(paths: Sequence[str | os.PathLike]) -> list[str]:
+    """A clip id for each file: its stem; its file name where stems collide (clip.mp3, clip.ogg); where file names
+    collide too, as many of its folders as tell it apart (a/clip.wav, b/clip.wav). A file given again gets #2, #3."""
+    files = list(dict.fromkeys(Path(os.path.abspath(path)) for path in paths))
+    ids = {file: file.stem for file in files}
+    depth = dict.fromkeys(files, 0)  # folders in each id; 0 is the stem
+    while clashing := [file for file in files if Counter(ids.values())[ids[file]] > 1]:
+        for file in clashing:
+            depth[file] += 1
+            ids[file] = "/".join(file.parts[-depth[file] :])
+    repeats = Counter()
+    named = []
+    for path in paths:
+        clip_id = ids[Path(os.path.abspath(path))]
+        repeats[clip_id] += 1
+        named.append(clip_id if repeats[clip_id] == 1 else f"{clip_id}#{repeats[clip_id]}")
+    return named
 
 
 def split_windows(audio: np.ndarray, window: int, step: int) -> list[tuple[int, int]]:
@@ -81,6 +104,14 @@ class SilentAudioError(AudioError):
     """Every sample is (near) zero."""
 
 
+class CancellingChannelsError(AudioError):
+    """Channels that are heard but cancel when mixed to mono (one is the other inverted)."""
+
+
+class OverFullScaleError(AudioError):
+    """Float samples far above full scale (1.0): integer PCM values saved as float, most likely."""
+
+
 class NonFiniteAudioError(AudioError):
     """Some samples are NaN or infinite."""
 
@@ -112,6 +143,8 @@ def _read_source(source: str | os.PathLike | bytes | BinaryIO) -> tuple[str | by
     """What the decoders read (a path, or the whole file as bytes) and a name for error messages."""
     if isinstance(source, str | os.PathLike):
         path = os.fsdecode(source)
+        if os.path.isdir(path):
+            raise UnreadableAudioError(f"{path} is a folder, not an audio file; give one clip's file")
         if not os.path.isfile(path):
             raise UnreadableAudioError(f"no such file: {path}")
         return path, path
@@ -162,7 +195,7 @@ def _check_length(seconds: float, max_seconds: float, name: str) -> None:
 
 def _validate(samples: np.ndarray, sample_rate: int, max_seconds: float, name: str) -> np.ndarray:
     if sample_rate <= 0:
-        raise AudioError(f"sample rate must be positive, got {sample_rate}")
+        raise AudioError(f"{name}: sample rate must be positive, got {sample_rate}")
     samples = np.asarray(samples)
     if samples.ndim not in (1, 2):
         raise AudioError(f"{name} must be 1-D or (samples, channels), got shape {samples.shape}")
@@ -181,9 +214,20 @@ def _validate(samples: np.ndarray, sample_rate: int, max_seconds: float, name: s
     bad = int(np.count_nonzero(~np.isfinite(samples)))
     if bad:
         raise NonFiniteAudioError(f"{name} has {bad} NaN or infinite samples")
+    loudest = float(np.abs(samples).max())
+    if loudest > FLOAT_PEAK_LIMIT:
+        raise OverFullScaleError(
+            f"{name} has float samples up to {loudest:.4g}, where full scale is 1.0: rescale it into [-1, 1] "
+            "(16-bit values saved as float: divide by 32768)"
+        )
 
     mono = samples.mean(axis=1) if samples.ndim == 2 else samples
     peak = float(np.abs(mono).max())
+    if peak < SILENCE_PEAK <= loudest:
+        raise CancellingChannelsError(
+            f"{name}: its {samples.shape[1]} channels cancel when mixed to mono (out of phase); "
+            "save one channel on its own and decode that"
+        )
     if peak < SILENCE_PEAK:
         raise SilentAudioError(f"{name} is silent: peak amplitude {peak:.2g} is below {SILENCE_PEAK:g}")
     if sample_rate != SAMPLE_RATE:

@@ -1,9 +1,12 @@
 import io
+from pathlib import Path
 
 import av
 import numpy as np
 import pytest
 import soundfile as sf
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from specasr import audio
 from specasr.audio import (
@@ -11,10 +14,13 @@ from specasr.audio import (
     SAMPLE_RATE,
     AudioError,
     AudioTooLongError,
+    CancellingChannelsError,
     EmptyAudioError,
     NonFiniteAudioError,
+    OverFullScaleError,
     SilentAudioError,
     UnreadableAudioError,
+    clip_ids,
     load_audio,
     validate_samples,
 )
@@ -49,7 +55,8 @@ def assert_about(samples: np.ndarray, seconds: float, tolerance: float = 0.03) -
 
 def test_constants():
     assert SAMPLE_RATE == 16000 and DEFAULT_MAX_SECONDS == 600.0
-    for error in (UnreadableAudioError, EmptyAudioError, SilentAudioError, NonFiniteAudioError, AudioTooLongError):
+    errors = (UnreadableAudioError, EmptyAudioError, SilentAudioError, CancellingChannelsError, NonFiniteAudioError)
+    for error in (*errors, OverFullScaleError, AudioTooLongError):
         assert issubclass(error, AudioError) and issubclass(error, ValueError)
 
 
@@ -109,6 +116,12 @@ def test_missing_path(tmp_path):
         load_audio(tmp_path / "nothing.wav")
 
 
+def test_a_folder_is_not_an_audio_file(tmp_path):
+    (tmp_path / "clips.wav").mkdir()
+    with pytest.raises(UnreadableAudioError, match=r"clips\.wav is a folder, not an audio file"):
+        load_audio(tmp_path / "clips.wav")
+
+
 def test_text_file_named_wav(tmp_path):
     path = tmp_path / "notes.wav"
     path.write_text("these are meeting notes, not audio\n" * 20)
@@ -153,10 +166,29 @@ def test_silent(tmp_path):
         load_audio(tmp_path / "a.wav")
 
 
-def test_channels_that_cancel_are_silent():
+def test_channels_that_cancel_say_so_and_not_silent(tmp_path):
     x = tone(1.0, SAMPLE_RATE)
-    with pytest.raises(SilentAudioError, match="peak amplitude"):
-        validate_samples(np.stack([x, -x], axis=1))
+    sf.write(tmp_path / "a.wav", np.stack([x, -x], axis=1), SAMPLE_RATE, subtype="FLOAT")
+    with pytest.raises(CancellingChannelsError, match=r"a\.wav: its 2 channels cancel .*out of phase.*one channel"):
+        load_audio(tmp_path / "a.wav")
+    assert not issubclass(CancellingChannelsError, SilentAudioError)
+
+
+def test_quiet_stereo_is_still_silent():
+    with pytest.raises(SilentAudioError, match="is silent"):
+        validate_samples(np.full((SAMPLE_RATE, 2), 1e-5, np.float32))
+
+
+@pytest.mark.parametrize("scale", [1e4, 32768.0, -1e7])
+def test_float_samples_far_above_full_scale_are_refused(tmp_path, scale):
+    sf.write(tmp_path / "a.wav", tone(1.0, SAMPLE_RATE) * scale, SAMPLE_RATE, subtype="FLOAT")
+    with pytest.raises(OverFullScaleError, match=r"a\.wav has float samples up to \d.* full scale is 1\.0.*rescale"):
+        load_audio(tmp_path / "a.wav")
+
+
+def test_float_samples_a_little_over_full_scale_pass():
+    x = tone(1.0, SAMPLE_RATE) * 5  # peaks near 1.7: headroom a float file may keep
+    np.testing.assert_array_equal(validate_samples(x), x)
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
@@ -220,3 +252,59 @@ def test_integer_samples_are_scaled(dtype):
 def test_array_at_other_rate_is_downmixed_and_resampled():
     out = validate_samples(tone(2.0, 8000, channels=2), 8000)
     assert out.shape == (2 * SAMPLE_RATE,) and out.dtype == np.float32
+
+
+def test_clip_ids_are_stems_unless_two_files_share_one():
+    assert clip_ids(["a/one.wav", "b/two.flac"]) == ["one", "two"]
+    assert clip_ids(["clip.mp3", "clip.ogg", "clip.m4a", "other.wav"]) == ["clip.mp3", "clip.ogg", "clip.m4a", "other"]
+
+
+def test_clip_ids_of_one_file_name_in_two_folders_name_the_folder():
+    assert clip_ids(["x/a/clip.wav", "x/b/clip.wav", "x/b/clip.ogg"]) == ["a/clip.wav", "b/clip.wav", "clip.ogg"]
+    assert clip_ids(["x/a/clip.wav", "y/a/clip.wav"]) == ["x/a/clip.wav", "y/a/clip.wav"]
+    assert clip_ids([Path("clip.wav"), "./clip.wav", "x/clip.wav"])[2] == "x/clip.wav"
+
+
+def test_clip_ids_are_unique_even_for_one_file_given_twice():
+    assert clip_ids(["clip.wav", "./clip.wav", "other.wav", "clip.wav"]) == ["clip", "clip#2", "other", "clip#3"]
+
+
+def encoded(fmt: str) -> bytes:
+    buffer = io.BytesIO()
+    sf.write(buffer, tone(0.3, SAMPLE_RATE, channels=2), SAMPLE_RATE, format=fmt)
+    return buffer.getvalue()
+
+
+VALID = (encoded("WAV"), encoded("FLAC"))
+
+
+def damaged(data: bytes, length: int, flips: list[tuple[int, int]]) -> bytes:
+    """A real file cut short and with some of its header bytes changed."""
+    damaged = bytearray(data[:length])
+    for index, mask in flips:
+        if index < len(damaged):
+            damaged[index] ^= mask
+    return bytes(damaged)
+
+
+FILES = st.one_of(
+    st.binary(max_size=2048),
+    st.builds(
+        damaged,
+        st.sampled_from(VALID),
+        st.integers(0, 12000),
+        st.lists(st.tuples(st.integers(0, 120), st.integers(1, 255)), max_size=4),
+    ),
+)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(data=FILES, extension=st.sampled_from(["wav", "flac", "mp3", "ogg", "m4a"]))
+def test_any_bytes_give_a_clip_or_an_audio_error(tmp_path_factory, data, extension):
+    path = tmp_path_factory.mktemp("fuzz") / f"clip.{extension}"
+    path.write_bytes(data)
+    try:
+        samples = load_audio(path)
+    except AudioError:
+        return
+    assert samples.dtype == np.float32 and samples.ndim == 1 and np.isfinite(samples).all()
