@@ -2,7 +2,8 @@
 
 Every clip is stored as a run of its own (command "dataset") as soon as it is decoded, so a decode that is stopped
 loses at most the clip in progress, and decoding the set again skips every clip the store already holds under the
-same settings, whichever set decoded it. Decodes ask for reference frames so that anchor errors exist; a clip the
+same settings, whichever set decoded it. Where the store cannot take a clip (busy, read-only, a full disk), that clip
+and the rest are kept in memory instead. Decodes ask for reference frames so that anchor errors exist; a clip the
 aligner cannot place is decoded without them. The table's metrics come from the stored traces.
 """
 
@@ -23,7 +24,7 @@ from specasr.cache import atomic_directory
 from specasr.dataset import Utterance, load_utterances
 from specasr.metrics import acceptance, word_error_rate
 from specasr.pipeline import Pipeline
-from specasr.store import Store
+from specasr.store import Store, StoreError
 from specasr.trace import Settings, Trace
 from specasr.windows import REFERENCE_WINDOWS
 
@@ -38,12 +39,15 @@ class ClipSetError(ValueError):
 
 @dataclass
 class SetDecode:
-    """What decoding a set did: every clip's run, new or reused, and why some clips lack anchor errors or a run."""
+    """What decoding a set did: every clip's run, new or reused, the decodes the store could not take, and why some
+    clips lack anchor errors or a run."""
 
     runs: dict[str, str] = field(default_factory=dict)  # clip id -> run id
-    decoded: int = 0
+    decoded: int = 0  # decoded and stored
     reused: int = 0
     problems: dict[str, str] = field(default_factory=dict)  # clip id -> what went wrong
+    unstored: dict[str, Trace] = field(default_factory=dict)  # clip id -> a decode the store could not take
+    store_error: str | None = None  # why it could not
 
 
 def read_manifest(path: Path | str) -> list[Utterance]:
@@ -136,7 +140,8 @@ def decode_set(
 
     on_clip: called with each clip's index before it is read (a progress report, and the place a caller can stop).
     keep_audio: store each clip's waveform too, for clips whose files may not last (uploads).
-    A clip that cannot be read or decoded is left out, with its reason in `problems`.
+    A clip that cannot be read or decoded is left out, with its reason in `problems`. After the first write the store
+    refuses, the rest are not offered to it (a busy store would make each wait): they go to `unstored`.
     """
     settings = dataset_settings(settings)
     held = stored_runs(store, pipeline.resolved(settings))
@@ -154,9 +159,15 @@ def decode_set(
         except (AudioError, AlignmentError) as error:
             outcome.problems[utterance.id] = f"not decoded: {error}"
             continue
-        audio = {clip.hash: clip.audio} if keep_audio else None
-        held[clip.hash] = outcome.runs[utterance.id] = store.write_run([trace], COMMAND, audio=audio)
-        outcome.decoded += 1
+        if outcome.store_error is None:
+            try:
+                audio = {clip.hash: clip.audio} if keep_audio else None
+                held[clip.hash] = outcome.runs[utterance.id] = store.write_run([trace], COMMAND, audio=audio)
+                outcome.decoded += 1
+            except StoreError as error:
+                outcome.store_error = str(error)
+        if utterance.id not in outcome.runs:
+            outcome.unstored[utterance.id] = trace
     return outcome
 
 
@@ -195,14 +206,11 @@ def median_anchor_error_ms(trace: Trace) -> float | None:
     return float(np.median(errors)) * trace.frame_seconds * 1000 if errors else None
 
 
-def clip_table(utterances: list[Utterance], runs: Mapping[str, str], metrics: Mapping[str, dict]) -> pd.DataFrame:
-    """One row per clip that has a run (clip id -> run id), from its run's metrics (run id -> clip_metrics), worst
-    first: highest WER, then lowest L."""
-    rows = [
-        {"clip_id": u.id, "set": u.subset, "speaker": u.speaker, **metrics[runs[u.id]], "run_id": runs[u.id]}
-        for u in utterances
-        if u.id in runs
-    ]
-    table = pd.DataFrame(rows, columns=COLUMNS).astype(dict.fromkeys(COLUMNS[3:9], float))
+def clip_table(utterances: list[Utterance], rows: Mapping[str, dict]) -> pd.DataFrame:
+    """One row per decoded clip, from its clip_metrics and run id (clip id -> both; a run id of None: not stored),
+    worst first: highest WER, then lowest L."""
+    decoded = [u for u in utterances if u.id in rows]
+    records = [{"clip_id": u.id, "set": u.subset, "speaker": u.speaker, **rows[u.id]} for u in decoded]
+    table = pd.DataFrame(records, columns=COLUMNS).astype(dict.fromkeys(COLUMNS[3:9], float))
     table = table.sort_values(["wer", "L"], ascending=[False, True], na_position="last", kind="stable")
     return table.reset_index(drop=True)

@@ -15,7 +15,7 @@ from specasr.align import AlignmentError
 from specasr.audio import SAMPLE_RATE, Clip
 from specasr.clipset import COLUMNS, COMMAND, ClipSetError
 from specasr.dataset import Utterance
-from specasr.store import Store
+from specasr.store import Store, StoreError
 from specasr.trace import DraftStep, Settings, Trace
 
 RANDOM = Settings(draft="random", draft_dtype="float16", k=2)
@@ -121,6 +121,21 @@ def test_a_clip_that_is_not_audio_is_left_out_with_its_reason(tmp_path):
     assert set(outcome.runs) == {"a1"} and outcome.problems["b2"].startswith("not decoded: cannot decode")
 
 
+def test_decodes_the_store_cannot_take_are_kept_and_writing_stops_at_the_first_failure(tmp_path, monkeypatch):
+    utterances = clipset.read_manifest(tone_folder(tmp_path / "set", ["a1", "b2", "c3"]))
+    store, attempts = Store(tmp_path / "runs.duckdb"), []
+
+    def full_disk(*args, **kwargs):
+        attempts.append(args)
+        raise StoreError("runs.duckdb is on a full disk")
+
+    monkeypatch.setattr(store, "write_run", full_disk)
+    outcome = clipset.decode_set(FakePipeline(), store, utterances, RANDOM)
+    assert (outcome.decoded, outcome.runs, outcome.store_error) == (0, {}, "runs.duckdb is on a full disk")
+    assert {clip_id: trace.clip_id for clip_id, trace in outcome.unstored.items()} == {c: c for c in ["a1", "b2", "c3"]}
+    assert len(attempts) == 1 and not outcome.problems
+
+
 def test_clip_metrics_equal_a_hand_computation():
     settings = replace(RANDOM, reference="always")
     steps = [*restarts([2, 0, 1], [2, 0, 30]), DraftStep(0, 2, 7, True, 50, None, None)]  # no frame: left out
@@ -138,19 +153,19 @@ def test_clip_metrics_equal_a_hand_computation():
     assert greedy == {"duration_s": 2.5, "wer": None, "a1": None, "a2c": None, "L": None, "anchor_error_ms": None}
 
 
-def test_the_table_lists_clips_with_runs_worst_first():
+def test_the_table_lists_decoded_clips_worst_first():
     utterances = [Utterance(i, Path(f"{i}.wav"), 1.0, f"s-{i}", "", "set", f"set-{i[0]}") for i in "abcde"]
-    runs = {"a": "ra", "b": "rb", "c": "rc", "d": "rd"}  # e has no run
-    metrics = {
-        "ra": {"duration_s": 1.0, "wer": 0.5, "a1": 0.9, "a2c": 0.8, "L": 2.0, "anchor_error_ms": 40.0},
-        "rb": {"duration_s": 2.0, "wer": None, "a1": 0.1, "a2c": None, "L": 0.1, "anchor_error_ms": None},
-        "rc": {"duration_s": 3.0, "wer": 0.5, "a1": 0.5, "a2c": 0.5, "L": 1.0, "anchor_error_ms": 60.0},
-        "rd": {"duration_s": 4.0, "wer": 0.1, "a1": 0.2, "a2c": 0.2, "L": 0.3, "anchor_error_ms": 20.0},
+    values = {  # e is not decoded; d's decode was not stored
+        "a": [1.0, 0.5, 0.9, 0.8, 2.0, 40.0, "ra"],
+        "b": [2.0, None, 0.1, None, 0.1, None, "rb"],
+        "c": [3.0, 0.5, 0.5, 0.5, 1.0, 60.0, "rc"],
+        "d": [4.0, 0.1, 0.2, 0.2, 0.3, 20.0, None],
     }
-    table = clipset.clip_table(utterances, runs, metrics)
+    rows = {clip_id: dict(zip(COLUMNS[3:], row, strict=True)) for clip_id, row in values.items()}
+    table = clipset.clip_table(utterances, rows)
     assert list(table.columns) == COLUMNS
     assert table.clip_id.tolist() == ["c", "a", "d", "b"]  # WER down, then L up; no WER last
-    assert table.run_id.tolist() == ["rc", "ra", "rd", "rb"]
+    assert table.run_id.fillna("not stored").tolist() == ["rc", "ra", "not stored", "rb"]
     assert table.iloc[0][["set", "speaker", "duration_s", "anchor_error_ms"]].tolist() == ["set-c", "s-c", 3.0, 60.0]
     assert np.isnan(table.set_index("clip_id").loc["b", "wer"])
 
@@ -160,8 +175,8 @@ def test_a_real_set_decodes_with_anchor_errors_and_its_table_matches_the_store(s
     chosen = sample_clips[:2]  # two evaluation sets
     outcome = clipset.decode_set(pipeline, store, chosen, RANDOM)
     assert outcome.decoded == 2 and not outcome.problems
-    metrics = {run_id: clipset.clip_metrics(store.traces(run_id)[0]) for run_id in outcome.runs.values()}
-    table = clipset.clip_table(chosen, outcome.runs, metrics).set_index("run_id")
+    rows = {c: clipset.clip_metrics(store.traces(r)[0]) | {"run_id": r} for c, r in outcome.runs.items()}
+    table = clipset.clip_table(chosen, rows).set_index("run_id")
     stored = store.runs().set_index("run_id")
     assert table.wer.to_dict() == pytest.approx(stored.median_wer.loc[table.index].to_dict())  # the store's WER
     assert table.anchor_error_ms.notna().all() and table.L.notna().all()
