@@ -8,7 +8,7 @@ import streamlit as st
 
 import widgets
 from specasr.cache import cache_dir
-from specasr.compare import COLUMNS, DIFFERENCE, Comparison, compare
+from specasr.compare import COLUMNS, DIFFERENCE, Comparison, compare, compare_runs
 from specasr.dataset import load_manifest, spread
 from specasr.draft import shipped_drafts
 from specasr.experiments import (
@@ -23,7 +23,8 @@ from specasr.experiments import (
     tables,
     weighting,
 )
-from specasr.metrics import aa_warning, depth_profile
+from specasr.intervals import aa_warning
+from specasr.metrics import depth_profile
 from specasr.trace import Trace
 from specasr.views import depth_figure
 
@@ -164,7 +165,7 @@ with tab_store:
     run_b = right.selectbox("Run B", list(labels), index=min(1, len(labels) - 1), format_func=labels.get, key="store_b")
     if run_a and run_b and st.button("Compare runs", key="compare_runs"):
         try:
-            comparison = widgets.store().compare_runs(run_a, run_b)
+            comparison = compare_runs(widgets.store(), run_a, run_b)
             st.dataframe(comparison.table(), hide_index=True, key="store_comparison")
             st.caption(comparison.caption(labels[run_a], labels[run_b]))
             side_by_side(run_a, run_b)

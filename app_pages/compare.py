@@ -10,7 +10,7 @@ import streamlit as st
 
 import widgets
 from specasr.audio import SAMPLE_RATE
-from specasr.compare import DIFFERENCE, Comparison, NoSharedClipError, Word, word_diff
+from specasr.compare import DIFFERENCE, Comparison, NoSharedClipError, Word, compare_runs, word_diff
 from specasr.metrics import word_error_rate
 from specasr.trace import Trace
 from specasr.views import drift_figure
@@ -38,7 +38,7 @@ def comparison(run_a: str, run_b: str) -> Comparison:
     """The two runs compared (the store's comparison, as Checkpoints shows it), kept while the same runs are shown."""
     kept = st.session_state.get("side_comparison")
     if kept is None or kept[0] != (run_a, run_b):
-        kept = (run_a, run_b), widgets.store().compare_runs(run_a, run_b)
+        kept = (run_a, run_b), compare_runs(widgets.store(), run_a, run_b)
         st.session_state["side_comparison"] = kept
     return kept[1]
 

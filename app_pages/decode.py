@@ -10,7 +10,8 @@ import widgets
 from player import drift_player
 from specasr.audio import SAMPLE_RATE
 from specasr.bench import aa_check, benchmark, store_results, summary
-from specasr.metrics import aa_warning, acceptance, word_error_rate
+from specasr.intervals import aa_warning
+from specasr.metrics import acceptance, word_error_rate
 from specasr.views import attention_heatmap, drift_figure, round_table, token_rows
 
 st.title("Live decode")

@@ -1,27 +1,21 @@
-"""Forced alignment and the token-to-frame rule: audio + transcript -> word times -> one reference frame per token.
+"""Forced aligners: audio + transcript -> one `WordTime` per word of `normalize_for_alignment(text)`.
 
-Aligners return one `WordTime` per word of `normalize_for_alignment(text)`. A word the aligner could not place is
-flagged (`aligned=False`, no times), never given invented times. `char_times_from_words` spreads word times over
-the transcript's alphanumeric characters and `token_frames` applies the paper's rule (A.3) on a target's
-encoder grid.
+A word the aligner could not place is flagged (`aligned=False`, no times), never given invented times. Mapping
+word times onto a target's tokens is specasr.reference's job.
 """
 
 import functools
 import importlib.util
-import math
-import re
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import numpy as np
 
 from specasr.audio import SAMPLE_RATE
-
-if TYPE_CHECKING:
-    from specasr.targets import Target
+from specasr.espeak import espeak_phonemes
+from specasr.words import WordTime, normalize_for_alignment
 
 
 class AlignmentError(ValueError):
@@ -30,101 +24,6 @@ class AlignmentError(ValueError):
 
 class AlignerUnavailableError(RuntimeError):
     """The aligner's dependencies or weights are not installed on this machine."""
-
-
-@dataclass(frozen=True)
-class WordTime:
-    word: str
-    start: float | None  # seconds; None when the word could not be placed
-    end: float | None
-    aligned: bool
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Text normalization
-
-_ONES = (
-    "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
-    "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen",
-)  # fmt: skip
-_TENS = ("", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety")
-_SCALES = ((10**9, "billion"), (10**6, "million"), (1000, "thousand"), (100, "hundred"))
-_IRREGULAR_ORDINALS = {
-    "one": "first",
-    "two": "second",
-    "three": "third",
-    "five": "fifth",
-    "eight": "eighth",
-    "nine": "ninth",
-    "twelve": "twelfth",
-}
-# A number (with optional thousands commas, decimals and ordinal suffix) or a word with inner apostrophes. Every
-# alphanumeric character of a text falls inside exactly one match ([^\W\d_] is "alphanumeric but not a digit").
-_TOKEN = re.compile(r"(\d{1,3}(?:,\d{3})+|\d+)(?:\.(\d+))?(st|nd|rd|th)?|[^\W\d_]+(?:'[^\W\d_]+)*")
-
-
-def number_to_words(n: int) -> list[str]:
-    """American cardinal reading without "and": 1205 -> one thousand two hundred five."""
-    if n < 20:
-        return [_ONES[n]]
-    if n < 100:
-        return [_TENS[n // 10], _ONES[n % 10]] if n % 10 else [_TENS[n // 10]]
-    for scale, name in _SCALES:
-        if n >= scale:
-            head, rest = divmod(n, scale)
-            return number_to_words(head) + [name] + (number_to_words(rest) if rest else [])
-    raise AssertionError("unreachable")
-
-
-def _year_to_words(n: int) -> list[str]:
-    """Years are read in pairs: 1963 -> nineteen sixty three, 1905 -> nineteen oh five, 1900 -> nineteen hundred."""
-    century, rest = divmod(n, 100)
-    if rest == 0:
-        return [*number_to_words(century), "hundred"]
-    return number_to_words(century) + (["oh", _ONES[rest]] if rest < 10 else number_to_words(rest))
-
-
-def _ordinal(word: str) -> str:
-    if word in _IRREGULAR_ORDINALS:
-        return _IRREGULAR_ORDINALS[word]
-    return word[:-1] + "ieth" if word.endswith("y") else word + "th"
-
-
-def _number_token_words(integer: str, decimals: str | None, ordinal: str | None) -> list[str]:
-    n = int(integer.replace(",", ""))
-    plain_integer = decimals is None and ordinal is None and "," not in integer
-    words = _year_to_words(n) if plain_integer and 1100 <= n <= 1999 else number_to_words(n)
-    if decimals is not None:
-        words += ["point"] + [_ONES[int(digit)] for digit in decimals]
-    if ordinal is not None:
-        words[-1] = _ordinal(words[-1])
-    return words
-
-
-def _spoken_tokens(text: str) -> list[tuple[str, list[str]]]:
-    """(written token, its spoken words) for every token of the lowercased text, in order."""
-    tokens = []
-    for match in _TOKEN.finditer(text.lower().replace("\u2019", "'")):
-        integer, decimals, ordinal = match.groups()
-        words = _number_token_words(integer, decimals, ordinal) if integer else [match.group()]
-        tokens.append((match.group(), words))
-    return tokens
-
-
-def normalize_for_alignment(text: str) -> list[str]:
-    """Lowercase spoken words: numbers spelled out, punctuation dropped, apostrophes inside words kept.
-
-    Hyphenated and dotted forms split into words ("carving-knife" -> carving knife, "U.S." -> u s).
-    """
-    return [word for _, words in _spoken_tokens(text) for word in words]
-
-
-def _alphanumerics(text: str) -> str:
-    return "".join(c for c in text.lower() if c.isalnum())
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Aligners
 
 
 class Aligner(Protocol):
@@ -172,8 +71,6 @@ _ESPEAK_TO_ARPABET = {
 
 def arpabet_from_espeak(word: str) -> str | None:
     """A CMU ARPAbet pronunciation for `word` from espeak-ng's English rules; None if a phoneme has no mapping."""
-    from specasr.tts import espeak_phonemes  # imported here: tts imports this module
-
     phones: list[str] = []
     for phoneme in espeak_phonemes(word):
         if phoneme not in _ESPEAK_TO_ARPABET:
@@ -348,137 +245,3 @@ def get_aligner(name: str = "pocketsphinx") -> Aligner:
     if name not in ALIGNERS:
         raise ValueError(f"unknown aligner {name!r}; choose from {', '.join(ALIGNERS)}")
     return ALIGNERS[name]()
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# From word times to one reference frame per token
-
-
-def _spread(word: WordTime, count: int) -> list[float | None]:
-    """Times for `count` characters sharing a word: each sits at the centre of an equal slice of [start, end]."""
-    if not word.aligned or word.start is None or word.end is None:
-        return [None] * count
-    return [word.start + (i + 0.5) / count * (word.end - word.start) for i in range(count)]
-
-
-def char_times_from_words(text: str, words: list[WordTime]) -> list[float | None]:
-    """One time per alphanumeric character of `text.lower()`, from word times of normalize_for_alignment(text).
-
-    A written token whose letters are its spoken word ("don't") spreads that word's span over its characters. A
-    token that was rewritten ("19" -> nineteen, "1st" -> first) spreads the span from its first spoken word's start
-    to its last one's end over its own characters. Characters of unaligned words get None.
-    """
-    tokens = _spoken_tokens(text)
-    expected = [word for _, spoken in tokens for word in spoken]
-    if [word.word for word in words] != expected:
-        raise ValueError("words must be one WordTime per word of normalize_for_alignment(text), in order")
-    times: list[float | None] = []
-    remaining = iter(words)
-    for written, spoken in tokens:
-        group = [next(remaining) for _ in spoken]
-        characters = _alphanumerics(written)
-        if characters == _alphanumerics("".join(spoken)):
-            for word in group:
-                times += _spread(word, len(_alphanumerics(word.word)))
-        elif all(word.aligned for word in group):
-            times += _spread(WordTime(written, group[0].start, group[-1].end, True), len(characters))
-        else:
-            times += [None] * len(characters)
-    return times
-
-
-@dataclass(frozen=True)
-class ClipReference:
-    """A clip's transcript tokens, window by window, with each token's reference frame and each word's times, all
-    counted from the clip's start."""
-
-    source: str  # the aligner, or "file" for frames a user supplied
-    window_tokens: list[list[int]]
-    frames: list[int | None]  # one per token, in transcript order
-    words: list[WordTime] = field(default_factory=list)
-
-    def window_frames(self, index: int, start_frame: int) -> list[int | None]:
-        """The frames of window `index`'s tokens, counted from the window's start."""
-        frames = self.frames
-        if len(self.window_tokens) > 1:
-            first = sum(len(tokens) for tokens in self.window_tokens[:index])
-            frames = frames[first : first + len(self.window_tokens[index])]
-        return [None if f is None else f - start_frame for f in frames]
-
-
-@dataclass
-class TokenAlignment:
-    """Word times from an aligner and the reference frame of every transcript token (None: no valid time)."""
-
-    text: str
-    words: list[WordTime]
-    frames: list[int | None]
-
-
-def align_tokens(aligner: Aligner, target: "Target", audio: np.ndarray, tokens: list[int]) -> TokenAlignment:
-    """Force-align a target's transcript tokens to the audio and map them onto its encoder frames; tokens that hold
-    no word (punctuation only, or none) get no frames."""
-    text = target.decode_text(tokens)
-    if not normalize_for_alignment(text):
-        return TokenAlignment(text, [], [None] * len(tokens))
-    words = aligner.align(audio, text)
-    return TokenAlignment(text, words, frames_from_words(target, tokens, words, len(audio)))
-
-
-def frames_from_words(target: "Target", tokens: list[int], words: list[WordTime], n_samples: int) -> list[int | None]:
-    """The reference frame of each transcript token on the target's encoder grid, from the times of its words."""
-    return token_frames(
-        tokens,
-        target.tokenizer.decode,
-        char_times_from_words(target.decode_text(tokens), words),
-        set(target.special_ids),
-        valid_frames=target.valid_frames(n_samples),
-        frame_seconds=target.frame_seconds,
-    )
-
-
-def _frame(seconds: float, frame_seconds: float, valid_frames: int) -> int:
-    frame = math.floor(seconds / frame_seconds + 0.5)  # round half up; Python's round() goes to even
-    return min(max(frame, 0), valid_frames - 1)
-
-
-def token_frames(
-    token_ids: list[int],
-    decode: Callable[[list[int]], str],
-    char_times: list[float | None],
-    special_ids: set[int],
-    *,
-    valid_frames: int,
-    frame_seconds: float,
-) -> list[int | None]:
-    """The token-to-frame rule (paper A.3): one reference frame per token, None where there is no valid time.
-
-    The cumulative prefix of non-special tokens is decoded; a token takes the time of its last newly added
-    alphanumeric character, counted by position in the lowercase alphanumeric string (so byte-level merges that
-    rewrite earlier characters do not shift the count); None if that character has no time. A token adding none
-    (punctuation, a partial UTF-8 byte) reuses the latest valid time an earlier token took, skipping unaligned
-    ones; None if there was none yet. Special tokens get None. `char_times[i]` is the time of the i-th alphanumeric
-    character of the decoded transcript (see char_times_from_words). Frames are rounded to `frame_seconds` and
-    clipped to the valid (non-padding) frames; for Whisper, 0.02 s and ceil(samples / 320) (the target says).
-    """
-    if valid_frames < 1:
-        raise ValueError(f"valid_frames must be positive, got {valid_frames}")
-    frames: list[int | None] = []
-    prefix: list[int] = []
-    covered = 0  # alphanumeric characters decoded so far
-    latest_valid: float | None = None
-    for token in token_ids:
-        if token in special_ids:
-            frames.append(None)
-            continue
-        prefix.append(token)
-        count = len(_alphanumerics(decode(prefix)))
-        time = latest_valid
-        if count > covered:
-            if count > len(char_times):
-                raise ValueError(f"the tokens decode to more alphanumerics than char_times holds ({len(char_times)})")
-            covered = count
-            time = char_times[count - 1]
-            latest_valid = latest_valid if time is None else time
-        frames.append(None if time is None else _frame(time, frame_seconds, valid_frames))
-    return frames

@@ -10,15 +10,8 @@ import pandas as pd
 from tqdm import tqdm
 
 from specasr.audio import Clip
-from specasr.metrics import (
-    aa_table,
-    acceptance,
-    loop_costs,
-    predicted_round_speedup,
-    proposals_per_round,
-    rho,
-    timed_ratio,
-)
+from specasr.intervals import aa_table, timed_ratio
+from specasr.metrics import acceptance, loop_costs, predicted_round_speedup, proposals_per_round, rho
 from specasr.pipeline import Pipeline
 from specasr.precision import token_agreement
 from specasr.store import Store

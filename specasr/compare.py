@@ -27,7 +27,9 @@ from specasr.experiments import (
     contrast,
     weighting,
 )
-from specasr.metrics import Interval, bootstrap, normalize_text, pooled_bootstrap, pooled_estimate, word_error_rate
+from specasr.intervals import Interval, bootstrap, pooled_bootstrap, pooled_estimate
+from specasr.metrics import normalize_text, word_error_rate
+from specasr.store import Store
 from specasr.trace import Trace
 
 DIFFERENCE = "A - B"
@@ -128,6 +130,24 @@ def compare(
     if len(pairs) == 1:
         differences = [Difference(d.metric, d.a, d.b, d.difference, None, None) for d in differences]
     return Comparison(pairs, differences, weights.rule)
+
+
+def compare_runs(store: Store, run_a: str, run_b: str) -> Comparison:
+    """Stored run A against stored run B, as `compare` takes them; speed too where both runs were timed in one batch
+    beside a greedy baseline (its first greedy run: the A/A copy comes later)."""
+    batches = store.rows("runs", [run_a, run_b], ["batch"]).batch
+    baseline = None
+    if batches.nunique() == 1 and batches.notna().all():
+        batch = store.runs(batch=batches.iloc[0])
+        greedy = batch[batch.draft.isna() & ~batch.verify_peaks.astype(bool)].sort_values(["created", "run_id"])
+        baseline = None if greedy.empty else _by_repeat(store, greedy.run_id.iloc[0])
+    return compare(_by_repeat(store, run_a), _by_repeat(store, run_b), baseline)
+
+
+def _by_repeat(store: Store, run_id: str) -> list[Trace]:
+    """A run's traces, repeat by repeat (decode order within a repeat): each clip's first repeat comes first."""
+    repeats = store.rows("decodes", [run_id], ["repeat"]).repeat
+    return [trace for _, trace in sorted(zip(repeats, store.traces(run_id), strict=True), key=lambda pair: pair[0])]
 
 
 def _contrasts(arm_a: list[ClipResult], arm_b: list[ClipResult], metrics: tuple[str, ...]) -> list[Difference]:

@@ -28,18 +28,15 @@ import pandas as pd
 from tqdm import tqdm
 
 from specasr.audio import Clip
+from specasr.intervals import Interval, aa_table, pooled_bootstrap, pooled_estimate
 from specasr.metrics import (
-    Interval,
     PeakAgreement,
-    aa_table,
     choose_runtime_layer,
     correction_pays,
     odds_ratio,
     outcome_counts,
     outcome_error,
     peak_agreement,
-    pooled_bootstrap,
-    pooled_estimate,
     predicted_speed_change,
     proposals_per_round,
     step_cost,

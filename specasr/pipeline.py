@@ -6,7 +6,6 @@ loop, or a peer decoder (specasr.peers) in their place -> one complete trace. Ta
 reference frames are kept for the next decode.
 """
 
-import json
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -16,14 +15,16 @@ import torch
 from torch import Tensor
 
 from specasr import graphs
-from specasr.align import Aligner, AlignmentError, ClipReference, align_tokens, get_aligner, normalize_for_alignment
+from specasr.align import Aligner, AlignmentError, get_aligner
 from specasr.audio import SAMPLE_RATE, AudioTooLongError, Clip, split_windows
 from specasr.decode import Decoded, Origin, PhaseTimer, greedy, speculative
 from specasr.draft import Draft, resolve_draft
 from specasr.peers import Peer, load_peer
+from specasr.reference import ClipReference, align_tokens, check_reference_length, read_reference_file
 from specasr.targets import DTYPES, Target, load_target
 from specasr.trace import REFERENCE_SOURCES, Round, Segment, Settings, Trace, code_version
 from specasr.windows import RUNTIME_WINDOWS
+from specasr.words import normalize_for_alignment
 
 if TYPE_CHECKING:
     from specasr.store import Store
@@ -148,6 +149,8 @@ class Pipeline:
             verified += result.verified
             runtime_peaks += result.runtime_peaks
 
+        if reference is not None and reference.source == "file":  # only now is the transcript known
+            check_reference_length(settings.reference, reference.frames, len(tokens))
         texts = [target.decode_text(tokens[s.first_token : s.first_token + s.tokens]) for s in segments]
         pieces = {token: target.tokenizer.decode([token]) for token in {*tokens, *(s.token for s in steps)}}
         return Trace(
@@ -253,13 +256,10 @@ class Pipeline:
 
 
 def _reference_file(path: Path, clip: Clip, target: Target) -> ClipReference:
-    """Frames a user supplied: a JSON list with one clip frame (or null) per transcript token."""
-    try:
-        frames = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise ValueError(f"cannot read reference frames from {path}: {error}") from error
-    if not isinstance(frames, list) or not all(f is None or isinstance(f, int) for f in frames):
-        raise ValueError(f"{path} must hold a JSON list of frame numbers (or null), one per transcript token")
+    """Frames a user supplied: a JSON list with one clip frame (or null) per transcript token, inside the clip."""
     if len(clip.audio) > target.window_samples:
-        raise ValueError("a reference file serves clips of one 30 s window; longer clips are aligned window by window")
-    return ClipReference("file", [[]], frames)
+        raise ValueError(
+            f"--reference {path} serves clips of one {target.window_samples / SAMPLE_RATE:g} s window; {clip.id} is "
+            f"{clip.seconds:.1f} s long: leave --reference out to have it aligned window by window"
+        )
+    return ClipReference("file", [[]], read_reference_file(path, target.valid_frames(len(clip.audio))))

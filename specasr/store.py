@@ -1,11 +1,11 @@
-"""The run store: one DuckDB file of runs, their clips and every level of their traces, the reusable reference
-frames, and the queries the dashboard and the experiment runner need.
+"""The run store: one DuckDB file of runs, their clips and every level of their traces, and the reusable reference
+frames. The schema lives in migrations.py, the metrics of stored runs in metrics.py, export and import in transfer.py.
 
 A run is the list of traces decoded under one `Settings` (a `decode` command is a run of one trace; a bench is one
 run per arm). Runs decoded side by side, interleaved clip by clip, are written as one batch: timings compare only
 within a batch. DuckDB lets one process at a time open a file, so every operation opens a short-lived connection and
 waits while another process holds the file. A run (or a batch) is written in one transaction: a write that fails or
-is killed leaves no rows. Metrics come from the stored rows through metrics.py; none is stored as the only copy.
+is killed leaves no rows, and its failure is a StoreError of one line (busy, read-only, full disk), never DuckDB's.
 """
 
 import io
@@ -17,30 +17,21 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import duckdb
 import numpy as np
 import pandas as pd
 import soundfile
 
-from specasr.align import ClipReference, WordTime
-from specasr.audio import SAMPLE_RATE
 from specasr.cache import cache_dir
-from specasr.metrics import (
-    Acceptance,
-    anchor_error_table,
-    pooled_acceptance,
-    word_error_rate,
-)
-from specasr.trace import CodeVersion, DraftStep, Round, Segment, Settings, Timings, Trace, VerifiedToken
+from specasr.migrations import SCHEMA_VERSION, migrate, schema_version
+from specasr.reference import ClipReference
+from specasr.rows import LEVELS, SETTINGS_COLUMNS, Level, flac, run_frames, traces_from_rows, utc_now
+from specasr.trace import Settings, Timings, Trace
+from specasr.words import WordTime
 
-if TYPE_CHECKING:
-    from specasr.compare import Comparison
-
-APPLICATION = "specasr"
 RETRY_SECONDS = 0.05
 # Processes take turns through the file's lock; threads of one process share one database and would conflict
 # when two transactions insert the same clip, so they take turns here.
@@ -55,10 +46,45 @@ class StoreBusyError(StoreError):
     """Another process held the store's file for longer than the timeout."""
 
 
+class StoreWriteError(StoreError):
+    """A file could not be written: its folder or file is read-only, the disk is full, or permission was denied."""
+
+
 class UnknownRunError(StoreError, KeyError):
     """No run with that id in the store (a KeyError too, for callers that look runs up)."""
 
     __str__ = StoreError.__str__  # KeyError's would quote the message
+
+
+# What the operating system says, through DuckDB or Python, and what it means for the file being written.
+_WRITE_FAILURES = {
+    "No space left on device": "it is on a full disk",
+    "Disk quota exceeded": "its disk quota is used up",
+    "Read-only file system": "it is on a read-only file system",
+    "Permission denied": "permission denied",
+}
+
+
+def write_error(path: Path, error: Exception) -> StoreError:
+    """The StoreError of one line for a failure to write `path`: why, where the system said why."""
+    message = str(error)
+    reason = next((why for said, why in _WRITE_FAILURES.items() if said in message), None)
+    if reason is None:
+        return StoreError(f"cannot write {path}: {first_line(message)}")
+    if reason == "permission denied" and path.parent.exists() and not os.access(path.parent, os.W_OK):
+        reason = f"its folder {path.parent} is read-only"
+    elif reason == "permission denied" and path.exists() and not os.access(path, os.W_OK):
+        reason = "it is read-only"
+    return StoreWriteError(f"cannot write {path}: {reason}")
+
+
+def first_line(message: str) -> str:
+    """An error's first line: DuckDB's messages go on to quote the query."""
+    return message.strip().splitlines()[0] if message.strip() else message
+
+
+# The errors a write to a file can end in: Python's, and DuckDB's where the file system refused it or the commit failed.
+WRITE_FAILURES = (OSError, duckdb.IOException, duckdb.PermissionException, duckdb.TransactionException)
 
 
 @dataclass(frozen=True)
@@ -77,203 +103,27 @@ def default_db_path() -> Path:
     return Path(configured) if configured else cache_dir() / "runs.duckdb"
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Schema: an ordered list of migrations; a store's version is the number of them applied.
-
-# `runtime` became the centre that moves on with depth (what runtime-paced was); the one that stays is runtime-last.
-# Runs stored (or exported) before keep what they measured under the new names, renamed in this order.
-RENAMED_WINDOWS = (("runtime", "runtime-last"), ("runtime-paced", "runtime"))
-MIGRATIONS: list[list[str]] = [
-    [
-        "CREATE TABLE schema_version (application VARCHAR NOT NULL, version INTEGER NOT NULL)",
-        """CREATE TABLE runs (
-            run_id VARCHAR PRIMARY KEY,
-            created TIMESTAMP NOT NULL,  -- UTC
-            command VARCHAR NOT NULL,
-            target VARCHAR NOT NULL,
-            device VARCHAR NOT NULL,
-            dtype VARCHAR NOT NULL,
-            draft VARCHAR,
-            draft_dtype VARCHAR,
-            k INTEGER NOT NULL,
-            "window" VARCHAR NOT NULL,
-            half_width_ms DOUBLE NOT NULL,
-            runtime_layer INTEGER,
-            threshold DOUBLE NOT NULL,
-            aligner VARCHAR NOT NULL,
-            reference VARCHAR NOT NULL,
-            verify_peaks BOOLEAN NOT NULL,
-            keep_attention BOOLEAN NOT NULL,
-            max_seconds DOUBLE NOT NULL,
-            package_version VARCHAR NOT NULL,
-            git_commit VARCHAR,
-            git_dirty BOOLEAN
-        )""",
-        """CREATE TABLE clips (
-            clip_hash VARCHAR PRIMARY KEY,
-            clip_id VARCHAR NOT NULL,
-            clip_seconds DOUBLE NOT NULL,
-            dataset VARCHAR NOT NULL,
-            reference_text VARCHAR NOT NULL
-        )""",
-        """CREATE TABLE decodes (
-            run_id VARCHAR NOT NULL,
-            decode INTEGER NOT NULL,  -- index within the run
-            repeat INTEGER NOT NULL,
-            clip_hash VARCHAR NOT NULL,
-            clip_id VARCHAR NOT NULL,
-            text VARCHAR NOT NULL,
-            tokens INTEGER[] NOT NULL,
-            draft_name VARCHAR NOT NULL,
-            draft_hash VARCHAR,
-            reference_frames INTEGER[],
-            reference_source VARCHAR,
-            features_seconds DOUBLE NOT NULL,
-            encoder_seconds DOUBLE NOT NULL,
-            decode_seconds DOUBLE NOT NULL,
-            reference_seconds DOUBLE NOT NULL,
-            wer DOUBLE,  -- against the clip's reference text, where it has words
-            PRIMARY KEY (run_id, decode)
-        )""",
-        # The per-decode levels carry no key index: their rows are unique by construction and indexes slow writes.
-        """CREATE TABLE rounds (
-            run_id VARCHAR NOT NULL,
-            decode INTEGER NOT NULL,
-            index INTEGER NOT NULL,
-            segment INTEGER NOT NULL,
-            start INTEGER NOT NULL,
-            proposed INTEGER[] NOT NULL,
-            accepted INTEGER NOT NULL,
-            target_token INTEGER NOT NULL,
-            draft_seconds DOUBLE NOT NULL,
-            verify_seconds DOUBLE NOT NULL
-        )""",
-        """CREATE TABLE draft_steps (
-            run_id VARCHAR NOT NULL,
-            decode INTEGER NOT NULL,
-            round INTEGER NOT NULL,
-            depth INTEGER NOT NULL,
-            token INTEGER NOT NULL,
-            accepted BOOLEAN NOT NULL,
-            draft_peak INTEGER,
-            window_centre INTEGER,
-            reference_frame INTEGER,
-            attention FLOAT[]
-        )""",
-        """CREATE TABLE verified_tokens (
-            run_id VARCHAR NOT NULL,
-            decode INTEGER NOT NULL,
-            position INTEGER NOT NULL,
-            token INTEGER NOT NULL,
-            verify_peaks INTEGER[] NOT NULL
-        )""",
-    ],
-    [
-        """CREATE TABLE segments (
-            run_id VARCHAR NOT NULL,
-            decode INTEGER NOT NULL,
-            index INTEGER NOT NULL,
-            start_frame INTEGER NOT NULL,
-            valid_frames INTEGER NOT NULL,
-            first_token INTEGER NOT NULL,
-            tokens INTEGER NOT NULL
-        )""",
-        """CREATE TABLE reference_frames (
-            clip_hash VARCHAR NOT NULL,
-            target VARCHAR NOT NULL,
-            device VARCHAR NOT NULL,
-            dtype VARCHAR NOT NULL,
-            aligner VARCHAR NOT NULL,
-            source VARCHAR NOT NULL,
-            window_tokens INTEGER[][] NOT NULL,
-            frames INTEGER[] NOT NULL,
-            words VARCHAR NOT NULL,  -- JSON list of WordTime
-            created TIMESTAMP NOT NULL,  -- UTC
-            PRIMARY KEY (clip_hash, target, device, dtype, aligner)
-        )""",
-    ],
-    ["""ALTER TABLE runs ADD COLUMN decoder VARCHAR DEFAULT 'specasr'"""],
-    ["""ALTER TABLE decodes ADD COLUMN frame_seconds DOUBLE DEFAULT 0.02"""],  # stores before it held Whisper only
-    ["""ALTER TABLE runs ADD COLUMN batch VARCHAR"""],  # NULL for runs written before batches were kept
-    ["""ALTER TABLE runs ADD COLUMN assistant VARCHAR"""],  # the transformers-assisted peer's assistant
-    [  # whether our loops replayed captured steps; before, only CUDA's speculative rounds did
-        """ALTER TABLE runs ADD COLUMN graphs BOOLEAN DEFAULT false""",
-        """UPDATE runs SET graphs = device LIKE 'cuda%' AND draft IS NOT NULL AND decoder = 'specasr'""",
-    ],
-    [
-        *(f"""UPDATE runs SET "window" = '{new}' WHERE "window" = '{old}'""" for old, new in RENAMED_WINDOWS),
-        """ALTER TABLE decodes ADD COLUMN runtime_peaks INTEGER[]""",  # NULL for runs stored before it was kept
-    ],
-    [  # a trace that renders without its model: token texts, the runtime layer, the clip's audio; runs get names
-        """ALTER TABLE decodes ADD COLUMN token_texts VARCHAR[]""",
-        """ALTER TABLE decodes ADD COLUMN target_runtime_layer INTEGER""",
-        """ALTER TABLE draft_steps ADD COLUMN text VARCHAR""",
-        """ALTER TABLE clips ADD COLUMN audio_path VARCHAR DEFAULT ''""",
-        """ALTER TABLE runs ADD COLUMN name VARCHAR DEFAULT ''""",
-        """ALTER TABLE runs ADD COLUMN note VARCHAR DEFAULT ''""",
-        """CREATE TABLE clip_audio (
-            clip_hash VARCHAR PRIMARY KEY,
-            flac BLOB NOT NULL  -- the waveform as FLAC, 24-bit, 16 kHz mono
-        )""",
-    ],
-]
-SCHEMA_VERSION = len(MIGRATIONS)
-
 RUN_TABLES = ("runs", "clips", "decodes", "segments", "rounds", "draft_steps", "verified_tokens", "clip_audio")
 SHARED_TABLES = ("clips", "clip_audio")  # rows keyed by clip hash, shared by every run that decoded the clip
-OPTIONAL_EXPORTS = ("clip_audio",)  # absent from exports written before it was kept
-SETTINGS_COLUMNS = [f.name for f in fields(Settings)]
-CODE_COLUMNS = [f.name for f in fields(CodeVersion)]
+LEVEL_TABLES = ("segments", "rounds", "draft_steps", "verified_tokens")  # rows keyed by run and decode
 TIMING_COLUMNS = [f"{f.name}_seconds" for f in fields(Timings)]
-CLIP_COLUMNS = ["clip_hash", "clip_id", "clip_seconds", "dataset", "reference_text", "audio_path"]
-CLIP_ONLY_COLUMNS = CLIP_COLUMNS[2:]  # kept once per clip; a decode row keeps the hash and id
 REFERENCE_KEY = ("clip_hash", "target", "device", "dtype", "aligner")
 
-
-@dataclass(frozen=True)
-class _Level:
-    """A trace level below the decode: its table, its row dataclass and the columns that order a decode's rows."""
-
-    table: str
-    kind: type
-    order: tuple[str, ...]
-
-
-_LEVELS = {  # keyed by the names Trace.tables() uses
-    "segments": _Level("segments", Segment, ("index",)),
-    "rounds": _Level("rounds", Round, ("index",)),
-    "steps": _Level("draft_steps", DraftStep, ("round", "depth")),
-    "verified": _Level("verified_tokens", VerifiedToken, ("position",)),
+# Rows `runs` can neither show nor delete, table by table, in the order that removes them in one pass: decodes whose
+# run or clip is gone, runs without a decode, then the rows of decodes that are gone and clips no decode uses.
+ORPHANS = {
+    "decodes": "run_id NOT IN (SELECT run_id FROM runs) OR clip_hash NOT IN (SELECT clip_hash FROM clips)",
+    "runs": "run_id NOT IN (SELECT run_id FROM decodes)",
+    **dict.fromkeys(
+        LEVEL_TABLES,
+        "NOT EXISTS (SELECT 1 FROM decodes d WHERE d.run_id = t.run_id AND d.decode = t.decode)",
+    ),
+    **dict.fromkeys(SHARED_TABLES, "clip_hash NOT IN (SELECT clip_hash FROM decodes)"),
 }
 
 
-def _schema_version(con: duckdb.DuckDBPyConnection, path: Path) -> int:
-    """The store's schema version: 0 for a database without tables."""
-    tables = {t for (t,) in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
-    if not tables:
-        return 0
-    if "schema_version" in tables:
-        rows = con.execute("SELECT application, version FROM schema_version").fetchall()
-        if len(rows) == 1 and rows[0][0] == APPLICATION:
-            return rows[0][1]
-    raise StoreError(f"{path} is not a specasr run store: it is a DuckDB database with other tables")
-
-
-def _migrate(con: duckdb.DuckDBPyConnection, path: Path, target: int = SCHEMA_VERSION) -> None:
-    """Apply the migrations the store lacks, up to `target`, in one transaction."""
-    con.begin()
-    version = _schema_version(con, path)
-    if version > SCHEMA_VERSION:
-        raise StoreError(
-            f"{path} was written by a newer specasr (schema {version}, this one reads up to {SCHEMA_VERSION}); "
-            "upgrade specasr to use it"
-        )
-    if version < target:
-        for statement in (s for migration in MIGRATIONS[version:target] for s in migration):
-            con.execute(statement)
-        con.execute("DELETE FROM schema_version")
-        con.execute("INSERT INTO schema_version VALUES (?, ?)", [APPLICATION, target])
-    con.commit()
+# The order of a run's rows in each table below the run.
+_ROW_ORDER = {"decodes": ("decode",)} | {level.table: ("decode", *level.order) for level in LEVELS.values()}
 
 
 def _column_types(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, str]]:
@@ -295,18 +145,6 @@ def _columns(names: Sequence[str]) -> str:
     return ", ".join(map(_quote, names))
 
 
-def _literal(path: Path) -> str:
-    return "'" + str(path).replace("'", "''") + "'"
-
-
-def _parquet(path: Path) -> str:
-    return f"read_parquet({_literal(path)})"
-
-
-def _now() -> datetime:
-    return datetime.now(UTC).replace(tzinfo=None)
-
-
 # ---------------------------------------------------------------------------------------------------------------------
 # The store
 
@@ -318,11 +156,23 @@ class Store:
         self.path = Path(path) if path is not None else default_db_path()
         self.timeout = timeout
         if self.path == default_db_path():
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as error:
+                raise write_error(self.path.parent, error) from error
         elif not self.path.parent.is_dir():  # a mistyped folder is not made behind the user's back
             raise StoreError(f"{self.path.parent} does not exist: create it first, or give a store path in a folder")
-        with _THREAD_WRITES, self._connect() as con:
-            _migrate(con, self.path)
+        with self.transaction() as con:
+            version = schema_version(con)
+            if version is None:
+                raise StoreError(f"{self.path} is not a specasr run store: it is a DuckDB database with other tables")
+            if version > SCHEMA_VERSION:
+                raise StoreError(
+                    f"{self.path} was written by a newer specasr (schema {version}, this one reads up to "
+                    f"{SCHEMA_VERSION}); upgrade specasr to use it"
+                )
+            if version < SCHEMA_VERSION:
+                migrate(con, version)
             self._types = _column_types(con)
 
     def _connect(self) -> duckdb.DuckDBPyConnection:
@@ -337,7 +187,9 @@ class Store:
                 return duckdb.connect(str(self.path))
             except duckdb.Error as error:
                 if "Could not set lock" not in str(error):
-                    raise StoreError(f"cannot open {self.path} as a run store: {error}") from error
+                    if any(said in str(error) for said in _WRITE_FAILURES):
+                        raise write_error(self.path, error) from error
+                    raise StoreError(f"cannot open {self.path} as a run store: {first_line(str(error))}") from error
                 if time.monotonic() >= deadline:
                     raise StoreBusyError(
                         f"{self.path} is busy: another process is writing to it (waited {self.timeout:g} s)"
@@ -345,12 +197,16 @@ class Store:
             time.sleep(RETRY_SECONDS)
 
     @contextmanager
-    def _transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        """A connection in one transaction, committed only if the block completes (closing it rolls back)."""
+    def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A connection in one transaction, committed only if the block completes (closing it rolls back); a write
+        the file system refuses is a StoreWriteError."""
         with _THREAD_WRITES, self._connect() as con:
-            con.begin()
-            yield con
-            con.commit()
+            try:
+                con.begin()
+                yield con
+                con.commit()
+            except WRITE_FAILURES as error:
+                raise write_error(self.path, error) from error
 
     def _known_runs(self, con: duckdb.DuckDBPyConnection, run_ids: Sequence[str]) -> list[str]:
         """The run ids as a list; UnknownRunError naming any this store lacks."""
@@ -387,12 +243,12 @@ class Store:
         batch = uuid.uuid4().hex[:12]
         run_ids = [uuid.uuid4().hex[:12] for _ in runs]
         frames = [  # built before taking the file
-            _run_frames(run_id, traces, command, repeats, batch)
+            run_frames(run_id, traces, command, repeats, batch)
             for run_id, (traces, repeats) in zip(run_ids, runs, strict=True)
         ]
-        sounds = [(clip_hash, _flac(waveform)) for clip_hash, waveform in (audio or {}).items()]
+        sounds = [(clip_hash, flac(waveform)) for clip_hash, waveform in (audio or {}).items()]
         sounds = pd.DataFrame(sounds, columns=["clip_hash", "flac"])
-        with self._transaction() as con:
+        with self.transaction() as con:
             for run in frames:
                 self._insert_run(con, run)
             self._insert_run(con, {"clip_audio": sounds})
@@ -400,7 +256,7 @@ class Store:
 
     def label_run(self, run_id: str, name: str, note: str) -> None:
         """Give a run a name (shown with it everywhere) and a note."""
-        with self._transaction() as con:
+        with self.transaction() as con:
             self._known_runs(con, [run_id])
             con.execute("UPDATE runs SET name = ?, note = ? WHERE run_id = ?", [name.strip(), note.strip(), run_id])
 
@@ -408,9 +264,9 @@ class Store:
         """Insert every row of a run; the caller owns the transaction."""
         for table, frame in frames.items():
             con.register("frame", frame)
-            self._insert_select(con, table, "frame", list(frame.columns))
+            self.insert(con, table, "frame", list(frame.columns))
 
-    def _insert_select(self, con: duckdb.DuckDBPyConnection, table: str, source: str, columns: list[str]) -> None:
+    def insert(self, con: duckdb.DuckDBPyConnection, table: str, source: str, columns: list[str]) -> None:
         """Insert the named columns of a relation, cast to the table's types: an all-NULL column or an empty list
         has no type of its own. Clips are shared between runs, so a clip already stored is kept."""
         types = self._types[table]
@@ -426,21 +282,21 @@ class Store:
     def traces(self, run_id: str) -> list[Trace]:
         """A run's traces, rebuilt exactly as they were written, in decode order."""
         with self._connect() as con:
-            return [trace for _, trace in self._read_run(con, run_id)]
+            self._known_runs(con, [run_id])
+            decodes = con.execute(_DECODE_ROWS, [run_id]).df()
+            levels = {name: self._level_rows(con, level, run_id) for name, level in LEVELS.items()}
+        return traces_from_rows(decodes, levels)
 
-    def _read_run(self, con: duckdb.DuckDBPyConnection, run_id: str) -> list[tuple[int, Trace]]:
-        """(repeat, trace) for every decode of a run."""
-        self._known_runs(con, [run_id])
-        decodes = con.execute(_DECODE_ROWS, [run_id]).df()
-        by_decode = {
-            name: _split_by_decode(self._level_rows(con, level, run_id), decodes["decode"])
-            for name, level in _LEVELS.items()
-        }
-        decoded = []
-        for i, repeat in enumerate(decodes["repeat"].tolist()):
-            tables = {"decode": decodes.iloc[[i]]} | {name: rows[i] for name, rows in by_decode.items()}
-            decoded.append((repeat, Trace.from_tables(tables)))
-        return decoded
+    def rows(self, table: str, run_ids: Sequence[str], columns: Sequence[str]) -> pd.DataFrame:
+        """The named columns of a table's rows that belong to the runs, ordered by run, decode and the level's own
+        order: what metrics.py reads of stored runs. UnknownRunError naming any run this store lacks."""
+        order = ["run_id", *_ROW_ORDER.get(table, ())]
+        with self._connect() as con:
+            run_ids = self._known_runs(con, run_ids)
+            return con.execute(
+                f"SELECT {_columns(columns)} FROM {table} WHERE list_contains(?, run_id) ORDER BY {_columns(order)}",
+                [run_ids],
+            ).df()
 
     def audio(self, clip_hash: str) -> np.ndarray | None:
         """The clip's waveform (16 kHz float32 mono) where the store keeps it."""
@@ -448,7 +304,7 @@ class Store:
             row = con.execute("SELECT flac FROM clip_audio WHERE clip_hash = ?", [clip_hash]).fetchone()
         return None if row is None else soundfile.read(io.BytesIO(row[0]), dtype="float32")[0]
 
-    def _level_rows(self, con: duckdb.DuckDBPyConnection, level: _Level, run_id: str) -> pd.DataFrame:
+    def _level_rows(self, con: duckdb.DuckDBPyConnection, level: Level, run_id: str) -> pd.DataFrame:
         columns = _columns(["decode", *(f.name for f in fields(level.kind))])
         order = _columns(["decode", *level.order])
         return con.execute(f"SELECT {columns} FROM {level.table} WHERE run_id = ? ORDER BY {order}", [run_id]).df()
@@ -462,16 +318,21 @@ class Store:
         dataset: str | None = None,
         since: datetime | str | None = None,
         until: datetime | str | None = None,
+        batch: str | None = None,
+        run_ids: Sequence[str] | None = None,
     ) -> pd.DataFrame:
         """The run history, newest first, one row per run: its settings, code, row counts, seconds and median WER.
 
         `draft` matches the settings' draft or the start of the draft's name ("none" for greedy runs); `since` and
-        `until` bound the creation time (UTC).
+        `until` bound the creation time (UTC); `run_ids` must all be stored (UnknownRunError).
         """
         wanted = dict(target=target, draft=draft, window=window, k=k, dataset=dataset, since=since, until=until)
         chosen = {name: value for name, value in wanted.items() if value is not None}
+        chosen |= {name: value for name, value in dict(batch=batch, run_ids=run_ids).items() if value is not None}
         where = " AND ".join(_RUN_FILTERS[name] for name in chosen) or "TRUE"
         with self._connect() as con:
+            if run_ids is not None:
+                chosen["run_ids"] = self._known_runs(con, run_ids)
             return _overview(con, where, chosen)
 
     def decoded(self, command: str) -> list[DecodedRun]:
@@ -492,13 +353,27 @@ class Store:
 
     def delete_run(self, run_id: str) -> None:
         """Remove a run and every row of it, in one transaction; clips no other run decoded go too."""
-        with self._transaction() as con:
+        with self.transaction() as con:
             self._known_runs(con, [run_id])
             for table in RUN_TABLES:
                 if table not in SHARED_TABLES:
                     con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
             for table in SHARED_TABLES:
-                con.execute(f"DELETE FROM {table} WHERE clip_hash NOT IN (SELECT clip_hash FROM decodes)")
+                con.execute(f"DELETE FROM {table} WHERE {ORPHANS[table]}")
+
+    def orphans(self) -> dict[str, int]:
+        """Rows `runs` can neither show nor delete (see ORPHANS), per table that has any: what remove_orphans would
+        remove, counted by removing them in a transaction that is then rolled back."""
+        with _THREAD_WRITES, self._connect() as con:
+            con.begin()
+            found = _remove_orphans(con)
+            con.rollback()
+        return found
+
+    def remove_orphans(self) -> dict[str, int]:
+        """Remove every orphan row, in one transaction; returns how many went, per table."""
+        with self.transaction() as con:
+            return _remove_orphans(con)
 
     # The reference-frame cache
 
@@ -522,173 +397,19 @@ class Store:
         key = [clip_hash, target, device, dtype, aligner]
         words = json.dumps([asdict(word) for word in reference.words])
         columns = _columns([*REFERENCE_KEY, "source", "window_tokens", "frames", "words", "created"])
-        with self._transaction() as con:
+        with self.transaction() as con:
             con.execute(
                 f"INSERT OR REPLACE INTO reference_frames ({columns}) "
                 "VALUES (?, ?, ?, ?, ?, ?, CAST(? AS INTEGER[][]), CAST(? AS INTEGER[]), ?, ?)",
-                [*key, reference.source, reference.window_tokens, reference.frames, words, _now()],
+                [*key, reference.source, reference.window_tokens, reference.frames, words, utc_now()],
             )
 
-    # Export and import
 
-    def export_runs(self, run_ids: Sequence[str], folder: Path | str) -> list[Path]:
-        """Write the runs' rows as one Parquet file per table into `folder`; returns the files."""
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        paths = [folder / f"{table}.parquet" for table in RUN_TABLES]
-        with self._connect() as con:
-            chosen = {"run_ids": self._known_runs(con, run_ids)}
-            for table, path in zip(RUN_TABLES, paths, strict=True):
-                rows = f"SELECT * FROM {table} WHERE {_RUN_ROWS.get(table, 'list_contains($run_ids, run_id)')}"
-                con.execute(f"COPY ({rows}) TO {_literal(path)} (FORMAT parquet)", chosen)
-        return paths
-
-    def import_runs(self, folder: Path | str) -> list[str]:
-        """Add the runs exported to `folder`, in one transaction; refused if this store already holds any of them."""
-        sources = {table: Path(folder) / f"{table}.parquet" for table in RUN_TABLES}
-        missing = [path.name for table, path in sources.items() if not path.is_file() and table not in OPTIONAL_EXPORTS]
-        if missing:
-            raise StoreError(f"{folder} is not a run export: {', '.join(missing)} missing")
-        with self._transaction() as con:
-            run_ids = [r for (r,) in con.execute(f"SELECT run_id FROM {_parquet(sources['runs'])}").fetchall()]
-            present = con.execute("SELECT run_id FROM runs WHERE list_contains(?, run_id)", [run_ids]).fetchall()
-            if present:
-                raise StoreError(f"{self.path} already holds run {', '.join(r for (r,) in present)}")
-            for table, path in sources.items():
-                if not path.is_file():
-                    continue
-                columns = [c[0] for c in con.execute(f"SELECT * FROM {_parquet(path)} LIMIT 0").description]
-                self._insert_select(con, table, _parquet(path), columns)
-                if table == "decodes" and "runtime_peaks" not in columns:  # exported before the windows' renaming
-                    for old, new in RENAMED_WINDOWS:
-                        rename = 'UPDATE runs SET "window" = ? WHERE "window" = ? AND list_contains(?, run_id)'
-                        con.execute(rename, [new, old, run_ids])
-        return run_ids
-
-    # Queries: metrics from the stored rows, through the functions of metrics.py
-
-    def survival(self, run_ids: Sequence[str]) -> pd.DataFrame:
-        """Per speculative run and depth 0..K: survival s (1 at depth 0) and conditional acceptance a_k^c."""
-        with self._connect() as con:
-            acceptances = self._acceptances(con, run_ids)
-        rows = [
-            {"run_id": run_id, "depth": depth, "s": s, "conditional": [None, *result.conditional][depth]}
-            for run_id, result in acceptances.items()
-            for depth, s in enumerate(result.s)
-        ]
-        return pd.DataFrame(rows, columns=["run_id", "depth", "s", "conditional"])
-
-    def anchor_error_by_depth(self, run_ids: Sequence[str]) -> pd.DataFrame:
-        """Per run and draft depth: n, median, mean and p90 of |draft peak - reference frame| in frames."""
-        with self._connect() as con:
-            run_ids = self._known_runs(con, run_ids)
-            steps = con.execute(
-                "SELECT run_id, depth, draft_peak, reference_frame FROM draft_steps WHERE list_contains(?, run_id)",
-                [run_ids],
-            ).df()
-        by_run = dict(tuple(steps.groupby("run_id")))
-        tables = [anchor_error_table(by_run[r]).assign(run_id=r) for r in run_ids if r in by_run]
-        columns = ["run_id", "depth", "n", "median", "mean", "p90"]
-        return pd.concat(tables, ignore_index=True)[columns] if tables else pd.DataFrame(columns=columns)
-
-    def run_summary(self, run_ids: Sequence[str]) -> pd.DataFrame:
-        """One row per run: its arm, sizes, acceptance (None for greedy runs), total seconds and median WER."""
-        with self._connect() as con:
-            run_ids = self._known_runs(con, run_ids)
-            overview = _overview(con, "list_contains($run_ids, run_id)", {"run_ids": run_ids})
-            acceptances = self._acceptances(con, run_ids)
-        summary = overview.set_index("run_id").loc[run_ids].reset_index()
-        for name in ("a1", "a2c", "L"):
-            summary[name] = [getattr(acceptances[r], name) if r in acceptances else None for r in run_ids]
-        columns = ["run_id", "target", "draft_name", "window", "k", "clips", "decodes", "rounds", "draft_steps"]
-        return summary[[*columns, "tokens", "a1", "a2c", "L", "seconds", "median_wer"]]
-
-    def compare_runs(self, run_a: str, run_b: str) -> "Comparison":
-        """Run A against run B on the clips both decoded, each metric as A - B with its paired bootstrap interval
-        (compare.compare, as Side by side, Checkpoints and Windows show it); speed too where both runs were timed in
-        one batch beside a greedy baseline."""
-        from specasr.compare import compare  # compare reads traces through experiments, which imports this module
-
-        with self._connect() as con:
-            traces_a, traces_b = (_by_repeat(self._read_run(con, run)) for run in (run_a, run_b))
-            baseline = con.execute(_BATCH_BASELINE, {"a": run_a, "b": run_b}).fetchone()
-            greedy = None if baseline is None else _by_repeat(self._read_run(con, baseline[0]))
-        return compare(traces_a, traces_b, greedy)
-
-    def _acceptances(self, con: duckdb.DuckDBPyConnection, run_ids: Sequence[str]) -> dict[str, Acceptance]:
-        """Each speculative run's acceptance pooled over its rounds, in run_ids order (greedy runs have none)."""
-        run_ids = self._known_runs(con, run_ids)
-        rows = con.execute(_ACCEPTED_COUNTS, [run_ids]).fetchall()
-        found = {run_id: pooled_acceptance(accepted, k, tokens) for run_id, k, tokens, accepted in rows}
-        return {run_id: found[run_id] for run_id in run_ids if run_id in found}
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Rows in and out
-
-
-def _run_frames(
-    run_id: str, traces: list[Trace], command: str, repeats: list[int] | None, batch: str | None = None
-) -> dict[str, pd.DataFrame]:
-    """A run's rows, table by table, from the traces' own tables."""
-    _check_run(traces, repeats)
-    first = traces[0]
-    run = {"run_id": run_id, "created": _now(), "command": command, "batch": batch}
-    run |= asdict(first.settings) | asdict(first.code)
-    per_trace = [trace.tables() for trace in traces]
-    decodes = pd.concat([tables["decode"] for tables in per_trace], ignore_index=True).assign(
-        run_id=run_id,
-        decode=range(len(traces)),
-        repeat=repeats if repeats is not None else 0,
-        wer=[_word_error_rate(trace) for trace in traces],
-    )
-    frames = {
-        "runs": pd.DataFrame([run]),
-        "clips": decodes[CLIP_COLUMNS].drop_duplicates("clip_hash"),
-        "decodes": decodes.drop(columns=[*SETTINGS_COLUMNS, *CODE_COLUMNS, *CLIP_ONLY_COLUMNS]),
+def _remove_orphans(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
+    removed = {
+        table: con.execute(f"DELETE FROM {table} AS t WHERE {where}").fetchone()[0] for table, where in ORPHANS.items()
     }
-    for name, level in _LEVELS.items():
-        rows = pd.concat([tables[name].assign(decode=i) for i, tables in enumerate(per_trace)], ignore_index=True)
-        frames[level.table] = rows.assign(run_id=run_id)
-    return frames
-
-
-def _check_run(traces: list[Trace], repeats: list[int] | None) -> None:
-    if not traces:
-        raise ValueError("a run needs at least one trace")
-    if repeats is not None and len(repeats) != len(traces):
-        raise ValueError(f"got {len(repeats)} repeat numbers for {len(traces)} traces")
-    first = traces[0]
-    if any(t.settings != first.settings or t.code != first.code for t in traces):
-        raise ValueError("the traces of a run must share their settings and code version")
-    if not all(t.clip_hash for t in traces):
-        raise ValueError("every trace of a run needs its clip's hash")
-
-
-def _flac(waveform: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    soundfile.write(buffer, waveform, SAMPLE_RATE, format="FLAC", subtype="PCM_24")
-    return buffer.getvalue()
-
-
-def _word_error_rate(trace: Trace) -> float | None:
-    """The decode's WER against the clip's reference text; None where that has no words."""
-    try:
-        return word_error_rate([trace.reference_text], [trace.text])
-    except ValueError:
-        return None
-
-
-def _split_by_decode(rows: pd.DataFrame, decodes: pd.Series) -> list[pd.DataFrame]:
-    """A level's rows of every decode, without the decode column (empty for a decode that has none)."""
-    groups = dict(tuple(rows.groupby("decode")))
-    empty = rows.iloc[:0]
-    return [groups.get(decode, empty).drop(columns="decode") for decode in decodes]
-
-
-def _by_repeat(decoded: list[tuple[int, Trace]]) -> list[Trace]:
-    """A run's traces, repeat by repeat (decode order within a repeat): each clip's first repeat comes first."""
-    return [trace for _, trace in sorted(decoded, key=lambda pair: pair[0])]
+    return {table: count for table, count in removed.items() if count}
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -710,19 +431,18 @@ _RUN_FILTERS = {
     "dataset": "run_id IN (SELECT run_id FROM decodes JOIN clips USING (clip_hash) WHERE dataset = $dataset)",
     "since": "created >= CAST($since AS TIMESTAMP)",
     "until": "created <= CAST($until AS TIMESTAMP)",
+    "batch": "batch = $batch",
+    "run_ids": "list_contains($run_ids, run_id)",
 }
 
-# Rows of a table that belong to the chosen runs, where the table has no run_id.
-_RUN_ROWS = dict.fromkeys(
-    SHARED_TABLES, "clip_hash IN (SELECT clip_hash FROM decodes WHERE list_contains($run_ids, run_id))"
-)
-
+# A run without decodes (left by an import before imports were checked) is listed too, so that it can be deleted.
 _RUN_OVERVIEW = f"""
-    SELECT runs.*, d.draft_name, d.clips, d.first_clip, d.decodes, coalesce(r.rounds, 0) AS rounds,
-           coalesce(s.draft_steps, 0) AS draft_steps, d.tokens, d.median_wer,
-           {", ".join(f"d.{c}" for c in TIMING_COLUMNS)}
+    SELECT runs.*, coalesce(d.draft_name, runs.draft, 'none') AS draft_name, coalesce(d.clips, 0) AS clips,
+           d.first_clip, coalesce(d.decodes, 0) AS decodes, coalesce(r.rounds, 0) AS rounds,
+           coalesce(s.draft_steps, 0) AS draft_steps, coalesce(d.tokens, 0) AS tokens, d.median_wer,
+           {", ".join(f"coalesce(d.{c}, 0) AS {c}" for c in TIMING_COLUMNS)}
     FROM runs
-    JOIN (
+    LEFT JOIN (
         SELECT run_id, any_value(draft_name) AS draft_name, count(DISTINCT clip_hash) AS clips, count(*) AS decodes,
                arg_min(clip_id, decode) AS first_clip,
                sum(len(tokens)) AS tokens, median(wer) AS median_wer,
@@ -731,25 +451,6 @@ _RUN_OVERVIEW = f"""
     ) d USING (run_id)
     LEFT JOIN (SELECT run_id, count(*) AS rounds FROM rounds GROUP BY run_id) r USING (run_id)
     LEFT JOIN (SELECT run_id, count(*) AS draft_steps FROM draft_steps GROUP BY run_id) s USING (run_id)
-"""
-
-# Every speculative run's K, transcript tokens and rounds' accepted counts.
-_ACCEPTED_COUNTS = """
-    SELECT run_id, any_value(runs.k), any_value(d.tokens), list(accepted ORDER BY rounds.decode, rounds.index)
-    FROM rounds
-    JOIN runs USING (run_id)
-    JOIN (SELECT run_id, sum(len(tokens)) AS tokens FROM decodes GROUP BY run_id) d USING (run_id)
-    WHERE list_contains($1, run_id)
-    GROUP BY run_id
-"""
-
-
-# The greedy run timed beside two runs: the first baseline of the batch both belong to (its A/A copy comes later).
-_BATCH_BASELINE = """
-    SELECT run_id FROM runs
-    WHERE draft IS NULL AND NOT verify_peaks
-      AND batch = (SELECT batch FROM runs WHERE run_id = $a) AND batch = (SELECT batch FROM runs WHERE run_id = $b)
-    ORDER BY created, run_id LIMIT 1
 """
 
 

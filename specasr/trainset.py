@@ -18,12 +18,14 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from specasr.align import Aligner, align_tokens, frames_from_words, normalize_for_alignment
+from specasr.align import Aligner
 from specasr.audio import Clip, load_audio
 from specasr.cache import cache_dir
 from specasr.dataset import TRAIN_SPEECH_2_DIR, TRAIN_SPEECH_DIR, Utterance, heldout_ids, load_manifest
 from specasr.decode import greedy_tokens
+from specasr.reference import align_tokens, frames_from_words
 from specasr.targets import Target
+from specasr.words import normalize_for_alignment
 
 FEATURE_VERSION = 2  # 2: shards list their clips; every synthetic clip has its own generator
 SHARD_SIZE = 64
@@ -71,7 +73,8 @@ def synthetic_source(tts: str, count: int, seed: int = 0, sentences: Path = SENT
     and pitch; hibari-tts: its one voice at varied speed, speaking sentences from the other end of the same shuffled
     order, so that the two never share a sentence. Each clip draws from its own generator, so any clip can be made
     without the ones before it."""
-    from specasr.tts import ENGLISH_VOICES, synthesize_espeak, synthesize_hibari
+    from specasr.espeak import ENGLISH_VOICES
+    from specasr.tts import synthesize_espeak, synthesize_hibari
 
     if tts not in ("espeak", "hibari"):
         raise ValueError(f"unknown synthesizer {tts!r}; choose espeak or hibari")

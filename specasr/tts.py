@@ -1,4 +1,4 @@
-"""Synthetic speech with exact word timings: espeak-ng (PyPI `espeakng-loader`, through ctypes) and hibari-tts.
+"""Synthetic speech with exact word timings: espeak-ng (specasr.espeak) and hibari-tts.
 
 While it synthesizes, espeak-ng reports the sample at which each word and each phoneme starts. Those positions
 are the reference timings for synthesized audio; no aligner is involved.
@@ -18,52 +18,21 @@ pocketsphinx (below); where the phonemizer's words do not pair one to one with t
 """
 
 import bisect
-import ctypes
 import itertools
 import re
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-import espeakng_loader
 import numpy as np
 import soxr
 
-from specasr.align import WordTime, normalize_for_alignment
+from specasr import espeak
 from specasr.audio import SAMPLE_RATE
+from specasr.words import WordTime, normalize_for_alignment
 
-ESPEAK_SAMPLE_RATE = 22050
-# Checked to load and speak with the bundled espeak-ng 1.52 data ("+f3"/"+m3" are voice variants).
-ENGLISH_VOICES = ("en-us", "en-us+f3", "en-us+m3", "en", "en-gb-x-rp", "en-gb-scotland", "en-029")
-DEFAULT_RATE_WPM = 160
-DEFAULT_PITCH = 50  # espeak's pitch parameter, 0..100, relative to the voice's own base pitch
-RATE_RANGE_WPM = (80, 450)  # what espeak-ng accepts
-
-_AUDIO_OUTPUT_SYNCHRONOUS = 2
-_INITIALIZE_PHONEME_EVENTS = 1
-_POS_CHARACTER = 1
-_CHARS_UTF8 = 1
-_PARAMETER_RATE, _PARAMETER_PITCH = 1, 3
-_EVENT_LIST_TERMINATED, _EVENT_WORD, _EVENT_END, _EVENT_PHONEME = 0, 1, 5, 7
 _LINKING_R = "r-"  # spoken only before a following vowel, so absent from a word's own pronunciation
-_PHONEMES_SPACE_SEPARATED = ord(" ") << 8  # espeak_TextToPhonemes mode: ascii names, bits 8-23 = separator
 # Clause punctuation is spoken as a pause, so it is kept between the normalized words.
 _CLAUSE_BREAK = re.compile(r"([,.;:!?]+)(?=\s|$)")
-
-
-class _Event(ctypes.Structure):
-    _fields_ = [
-        ("type", ctypes.c_int),
-        ("unique_identifier", ctypes.c_uint),
-        ("text_position", ctypes.c_int),  # 1-based character index in the synthesized text
-        ("length", ctypes.c_int),
-        ("audio_position", ctypes.c_int),
-        ("sample", ctypes.c_int),  # absolute sample index at ESPEAK_SAMPLE_RATE
-        ("user_data", ctypes.c_void_p),
-        ("id", ctypes.c_char * 8),  # union; for phoneme events, the phoneme mnemonic
-    ]
-
-
-_SynthCallback = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.POINTER(_Event))
 
 
 @dataclass
@@ -74,108 +43,13 @@ class SynthesizedSpeech:
 
 
 @dataclass
-class _EspeakEvent:
-    kind: int
-    text_position: int
-    length: int
-    sample: int
-    phoneme: str
-
-
-@dataclass
 class _Phoneme:
     name: str
-    start: int  # samples at ESPEAK_SAMPLE_RATE
+    start: int  # samples at espeak.SAMPLE_RATE
     end: int
 
 
-_Span = tuple[int, int]  # (start, end) samples at ESPEAK_SAMPLE_RATE
-
-
-@dataclass
-class _Capture:
-    chunks: list[np.ndarray] = field(default_factory=list)
-    events: list[_EspeakEvent] = field(default_factory=list)
-
-
-class _Espeak:
-    """The process's espeak-ng instance. The library keeps global state, so callers hold `_lock`."""
-
-    def __init__(self):
-        lib = ctypes.CDLL(espeakng_loader.get_library_path())
-        lib.espeak_Initialize.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
-        lib.espeak_SetVoiceByName.argtypes = [ctypes.c_char_p]
-        lib.espeak_SetParameter.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
-        lib.espeak_Synth.argtypes = [
-            ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint, ctypes.c_int, ctypes.c_uint, ctypes.c_uint,
-            ctypes.c_void_p, ctypes.c_void_p,
-        ]  # fmt: skip
-        lib.espeak_TextToPhonemes.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_int]
-        lib.espeak_TextToPhonemes.restype = ctypes.c_char_p
-        data_path = espeakng_loader.get_data_path().encode()
-        sample_rate = lib.espeak_Initialize(_AUDIO_OUTPUT_SYNCHRONOUS, 0, data_path, _INITIALIZE_PHONEME_EVENTS)
-        if sample_rate != ESPEAK_SAMPLE_RATE:
-            raise RuntimeError(f"espeak-ng initialisation failed or changed rate (returned {sample_rate})")
-        self._lib = lib
-        self._capture = _Capture()
-        self._callback = _SynthCallback(self._receive)  # kept referenced: espeak calls it during espeak_Synth
-        lib.espeak_SetSynthCallback(self._callback)
-
-    def _receive(self, wav, num_samples, events) -> int:
-        if num_samples > 0:
-            self._capture.chunks.append(np.ctypeslib.as_array(wav, (num_samples,)).copy())
-        i = 0
-        while events[i].type != _EVENT_LIST_TERMINATED:
-            event = events[i]
-            phoneme = event.id.decode("ascii", "replace") if event.type == _EVENT_PHONEME else ""
-            self._capture.events.append(
-                _EspeakEvent(event.type, event.text_position, event.length, event.sample, phoneme)
-            )
-            i += 1
-        return 0
-
-    def set_voice(self, voice: str, rate_wpm: int, pitch: int) -> None:
-        if self._lib.espeak_SetVoiceByName(voice.encode()) != 0:
-            raise ValueError(f"espeak-ng has no voice {voice!r}; English voices: {', '.join(ENGLISH_VOICES)}")
-        self._lib.espeak_SetParameter(_PARAMETER_RATE, rate_wpm, 0)
-        self._lib.espeak_SetParameter(_PARAMETER_PITCH, pitch, 0)
-
-    def synthesize(self, text: str) -> _Capture:
-        self._capture = _Capture()
-        encoded = text.encode()
-        self._lib.espeak_Synth(encoded, len(encoded) + 1, 0, _POS_CHARACTER, 0, _CHARS_UTF8, None, None)
-        self._lib.espeak_Synchronize()
-        return self._capture
-
-    def phonemes(self, text: str) -> list[str]:
-        """espeak's phoneme mnemonics for `text` in the current voice, stress marks removed."""
-        buffer = ctypes.create_string_buffer(text.encode())
-        pointer = ctypes.c_void_p(ctypes.addressof(buffer))
-        phonemes = []
-        while pointer.value:  # one clause per call; espeak advances the pointer
-            clause = self._lib.espeak_TextToPhonemes(ctypes.byref(pointer), _CHARS_UTF8, _PHONEMES_SPACE_SEPARATED)
-            phonemes += [p.lstrip("',%=") for p in (clause or b"").decode().split()]
-        return [p for p in phonemes if _is_sound(p)]
-
-
-_lock = threading.Lock()
-_espeak: _Espeak | None = None
-
-
-def _engine() -> _Espeak:
-    """The shared instance, created on first use; the caller holds `_lock`."""
-    global _espeak
-    if _espeak is None:
-        _espeak = _Espeak()
-    return _espeak
-
-
-def espeak_phonemes(word: str, voice: str = "en-us") -> list[str]:
-    """espeak-ng's pronunciation of `word` as phoneme mnemonics (e.g. "tS", "'3:" -> "3:"), for G2P fallbacks."""
-    with _lock:
-        engine = _engine()
-        engine.set_voice(voice, DEFAULT_RATE_WPM, DEFAULT_PITCH)
-        return engine.phonemes(word)
+_Span = tuple[int, int]  # (start, end) samples at espeak.SAMPLE_RATE
 
 
 def _speakable(text: str) -> tuple[str, list[str], list[int]]:
@@ -193,12 +67,7 @@ def _speakable(text: str) -> tuple[str, list[str], list[int]]:
     return spoken, words, ends
 
 
-def _is_sound(phoneme: str) -> bool:
-    """Pauses ("_", "_:") and the linking marker ";" are reported as phonemes but are not part of a word."""
-    return bool(phoneme) and not phoneme.startswith("_") and phoneme != ";"
-
-
-def _word_groups(word_events: list[_EspeakEvent], word_ends: list[int]) -> list[int]:
+def _word_groups(word_events: list[espeak.EspeakEvent], word_ends: list[int]) -> list[int]:
     """The index of the first word each WORD event speaks, increasing (espeak's text positions sometimes lag)."""
     firsts: list[int] = []
     for event in word_events:
@@ -210,7 +79,7 @@ def _word_groups(word_events: list[_EspeakEvent], word_ends: list[int]) -> list[
     return firsts
 
 
-def _group_times(engine: _Espeak, words: list[str], start: int, phonemes: list[_Phoneme]) -> list[_Span | None]:
+def _group_times(engine: espeak.Espeak, words: list[str], start: int, phonemes: list[_Phoneme]) -> list[_Span | None]:
     """(start, end) samples of the words spoken under one WORD event, or None for each if they cannot be told apart.
 
     The event's phonemes are divided among its words by each word's own phoneme count; when the counts do not add
@@ -229,11 +98,13 @@ def _group_times(engine: _Espeak, words: list[str], start: int, phonemes: list[_
     return spans
 
 
-def _word_times(engine: _Espeak, capture: _Capture, words: list[str], word_ends: list[int]) -> list[WordTime]:
+def _word_times(
+    engine: espeak.Espeak, capture: espeak.Capture, words: list[str], word_ends: list[int]
+) -> list[WordTime]:
     total = sum(len(chunk) for chunk in capture.chunks)
-    timed = [e for e in capture.events if e.kind in (_EVENT_WORD, _EVENT_PHONEME, _EVENT_END)]
+    timed = [e for e in capture.events if e.kind in (espeak.EVENT_WORD, espeak.EVENT_PHONEME, espeak.EVENT_END)]
     ends = [e.sample for e in timed[1:]] + [total]  # an event lasts until the next one starts
-    word_events = [i for i, e in enumerate(timed) if e.kind == _EVENT_WORD and e.length > 0]  # the last is empty
+    word_events = [i for i, e in enumerate(timed) if e.kind == espeak.EVENT_WORD and e.length > 0]  # the last is empty
     firsts = _word_groups([timed[i] for i in word_events], word_ends)
     spans: list[_Span | None] = [None] * len(words)
     for k, first in enumerate(firsts):
@@ -242,11 +113,11 @@ def _word_times(engine: _Espeak, capture: _Capture, words: list[str], word_ends:
         phonemes = [
             _Phoneme(timed[i].phoneme, timed[i].sample, ends[i])
             for i in range(word_events[k] + 1, stop)
-            if timed[i].kind == _EVENT_PHONEME and _is_sound(timed[i].phoneme)
+            if timed[i].kind == espeak.EVENT_PHONEME and espeak.is_sound(timed[i].phoneme)
         ]
         spans[first:last] = _group_times(engine, words[first:last], timed[word_events[k]].sample, phonemes)
     return [
-        WordTime(word, span[0] / ESPEAK_SAMPLE_RATE, span[1] / ESPEAK_SAMPLE_RATE, True)
+        WordTime(word, span[0] / espeak.SAMPLE_RATE, span[1] / espeak.SAMPLE_RATE, True)
         if span
         else WordTime(word, None, None, False)
         for word, span in zip(words, spans, strict=True)
@@ -254,7 +125,7 @@ def _word_times(engine: _Espeak, capture: _Capture, words: list[str], word_ends:
 
 
 def synthesize_espeak(
-    text: str, voice: str = "en-us", rate_wpm: int = DEFAULT_RATE_WPM, pitch: int | None = None
+    text: str, voice: str = "en-us", rate_wpm: int = espeak.DEFAULT_RATE_WPM, pitch: int | None = None
 ) -> SynthesizedSpeech:
     """Speak `text` with espeak-ng; returns 16 kHz float32 audio and each word's time from espeak's own events.
 
@@ -263,15 +134,14 @@ def synthesize_espeak(
     spoken, words, word_ends = _speakable(text)
     if not words:
         raise ValueError(f"no words to speak in {text!r}")
-    if not RATE_RANGE_WPM[0] <= rate_wpm <= RATE_RANGE_WPM[1] or not (pitch is None or 0 <= pitch <= 100):
-        raise ValueError(f"rate_wpm must be in {RATE_RANGE_WPM} and pitch in 0..100, got {rate_wpm} and {pitch}")
-    with _lock:
-        engine = _engine()
-        engine.set_voice(voice, rate_wpm, DEFAULT_PITCH if pitch is None else pitch)
+    slowest, fastest = espeak.RATE_RANGE_WPM
+    if not slowest <= rate_wpm <= fastest or not (pitch is None or 0 <= pitch <= 100):
+        raise ValueError(f"rate_wpm must be in {espeak.RATE_RANGE_WPM} and pitch in 0..100, got {rate_wpm} and {pitch}")
+    with espeak.voice(voice, rate_wpm, espeak.DEFAULT_PITCH if pitch is None else pitch) as engine:
         capture = engine.synthesize(spoken)
         word_times = _word_times(engine, capture, words, word_ends)
     audio = np.concatenate(capture.chunks).astype(np.float32) / 32768.0
-    audio = soxr.resample(audio, ESPEAK_SAMPLE_RATE, SAMPLE_RATE)
+    audio = soxr.resample(audio, espeak.SAMPLE_RATE, SAMPLE_RATE)
     return SynthesizedSpeech(audio=audio, sample_rate=SAMPLE_RATE, words=word_times)
 
 
@@ -324,6 +194,7 @@ class _Hibari:
 
 
 _hibari: _Hibari | None = None
+_hibari_lock = threading.Lock()
 
 
 def synthesize_hibari(text: str, speed: float = 1.0, seed: int = 0) -> SynthesizedSpeech:
@@ -336,7 +207,7 @@ def synthesize_hibari(text: str, speed: float = 1.0, seed: int = 0) -> Synthesiz
         raise ValueError(f"no words to speak in {text!r}")
     if not 0.5 <= speed <= 2.0:
         raise ValueError(f"speed must be in 0.5..2.0, got {speed}")
-    with _lock:
+    with _hibari_lock:
         _hibari = _hibari or _Hibari()
         rng = np.random.default_rng(seed)
         pieces, spans, offset = [], [], 0

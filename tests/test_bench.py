@@ -5,7 +5,7 @@ import pytest
 from test_experiments import hand_trace
 
 from specasr.bench import ArmResult, aa_check, benchmark, summary
-from specasr.metrics import aa_warning
+from specasr.intervals import aa_warning
 from specasr.trace import Settings
 
 

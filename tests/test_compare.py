@@ -8,7 +8,7 @@ import pytest
 from test_experiments import hand_grid, hand_trace  # noqa: F401 (hand_grid: a fixture)
 from test_store import SPECULATIVE, greedy_trace, speculative_trace
 
-from specasr.compare import DIFFERENCE, NO_INTERVAL, NoSharedClipError, Word, compare, word_diff
+from specasr.compare import DIFFERENCE, NO_INTERVAL, NoSharedClipError, Word, compare, compare_runs, word_diff
 from specasr.experiments import COMMAND, tables
 from specasr.metrics import word_error_rate
 from specasr.store import Store
@@ -102,6 +102,21 @@ def test_the_experiment_runners_contrasts_are_the_routines(hand_grid):  # noqa: 
     )
 
 
+def test_compare_runs_matches_clips_uses_first_repeats_and_reports_a_minus_b(tmp_path):
+    store = Store(tmp_path / "runs.duckdb")
+    arm_a = [speculative_trace("c1", [0, 0]), speculative_trace("c1", [3, 1]), speculative_trace("c2", [1, 1])]
+    arm_b = [speculative_trace(c, accepted, OTHER) for c, accepted in (("c3", [3]), ("c2", [2, 0]), ("c1", [3, 3]))]
+    run_a = store.write_run(arm_a, "bench", repeats=[1, 0, 0])  # c1's first repeat written after its second
+    run_b = store.write_run(arm_b, "bench")
+    table = compare_runs(store, run_a, run_b).table().set_index("metric")
+    # Shared clips c1 and c2. A pools [3, 1, 1, 1]: s = 1, 1, 1/4, 1/4; B pools [3, 3, 2, 0]: s = 1, 3/4, 3/4, 1/2.
+    assert table.clips.tolist() == [2] * len(table)
+    assert table.loc[["a1", "a2c", "L"], "A - B"].to_dict() == {"a1": 0.25, "a2c": -0.75, "L": -0.5}
+    assert table.loc[["a1", "a2c", "L"], "A"].to_dict() == {"a1": 1.0, "a2c": 0.25, "L": 1.5}
+    assert (table.low <= table["A - B"]).all() and (table["A - B"] <= table.high).all()
+    assert "decode_speedup" not in table.index  # no greedy baseline timed beside them
+
+
 def test_the_store_compares_runs_of_one_batch_against_their_baseline(tmp_path):
     """Runs decoded beside a greedy baseline (one batch, two repetitions): the store finds it and the comparison
     holds speed too, each clip timed by the median of its repetitions."""
@@ -119,7 +134,7 @@ def test_the_store_compares_runs_of_one_batch_against_their_baseline(tmp_path):
         twice(OTHER, {"u": ([0, 1], [2.0, 3.0]), "v": ([1], [1.5, 1.5]), "w": ([3], [1.0, 1.0])}),
     ]
     baseline, run_a, run_b = store.write_runs(batch, COMMAND)
-    table = store.compare_runs(run_a, run_b).table().set_index("metric")
+    table = compare_runs(store, run_a, run_b).table().set_index("metric")
     # Decode seconds, each clip's median: greedy 2.0 + 2.0, A 1.0 + 1.0, B 2.5 + 1.5 (w: not in A).
     assert table.loc["decode_speedup", ["A", "B", DIFFERENCE]].tolist() == pytest.approx([2.0, 1.0, 1.0])
     assert table.loc["L", DIFFERENCE] == pytest.approx(6 / 3 - 2 / 3) and (table.clips == 2).all()

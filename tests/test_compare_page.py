@@ -10,7 +10,7 @@ from test_app import figures, frame_with, page, text_of
 from test_store import SPECULATIVE, greedy_trace, speculative_trace
 
 from specasr.audio import SAMPLE_RATE
-from specasr.compare import COLUMNS, DIFFERENCE, compare
+from specasr.compare import COLUMNS, DIFFERENCE, compare, compare_runs
 from specasr.pipeline import Pipeline
 from specasr.store import Store
 
@@ -56,7 +56,7 @@ def test_side_by_side_opens_from_its_address_and_shows_both_runs(two_runs):
     assert (app.selectbox(key="side_a").value, app.selectbox(key="side_b").value) == (run_a, run_b)
     assert app.selectbox(key="side_clip").options == ["c1", "c2"] and app.selectbox(key="side_clip").value == "c1"
     shown = frame_with(app, "metric", DIFFERENCE)
-    expected = Store().compare_runs(run_a, run_b).table()
+    expected = compare_runs(Store(), run_a, run_b).table()
     pd.testing.assert_frame_equal(shown.reset_index(drop=True), expected)
     assert shown.set_index("metric").loc["L", DIFFERENCE] == pytest.approx(3 / 2 - 8 / 5)
     assert any(c.value.startswith("A - B: A is") for c in app.caption)

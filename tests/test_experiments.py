@@ -20,7 +20,7 @@ from specasr.experiments import (
     tables,
     weighting,
 )
-from specasr.metrics import bootstrap, pooled_bootstrap
+from specasr.intervals import bootstrap, pooled_bootstrap
 from specasr.pipeline import Pipeline
 from specasr.store import Store
 from specasr.trace import DraftStep, Round, Settings, Timings, Trace, VerifiedToken

@@ -2,14 +2,13 @@ import math
 
 import pytest
 
+from specasr.intervals import Interval, paired_bootstrap
 from specasr.metrics import (
-    Interval,
     acceptance,
     anchor_error_by_depth,
     correction_pays,
     loop_costs,
     normalize_text,
-    paired_bootstrap,
     predicted_round_speedup,
     predicted_speed_change,
     proposals_per_round,

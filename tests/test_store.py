@@ -9,19 +9,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from specasr.align import ClipReference, WordTime
-from specasr.store import (
-    RUN_TABLES,
-    SCHEMA_VERSION,
-    SHARED_TABLES,
-    Store,
-    StoreBusyError,
-    StoreError,
-    _migrate,
-    _run_frames,
-    default_db_path,
-)
+from specasr.metrics import run_summary, stored_anchor_error_by_depth, survival
+from specasr.migrations import SCHEMA_VERSION, migrate
+from specasr.reference import ClipReference
+from specasr.rows import run_frames
+from specasr.store import RUN_TABLES, SHARED_TABLES, Store, StoreBusyError, StoreError, default_db_path
 from specasr.trace import CodeVersion, DraftStep, Round, Segment, Settings, Timings, Trace, VerifiedToken
+from specasr.transfer import export_runs, import_runs
+from specasr.words import WordTime
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CODE = CodeVersion("1.2.3", "0123abcd", False)
@@ -119,7 +114,7 @@ def hand_runs(store):
 
 def test_survival_pools_the_rounds_of_each_speculative_run(store, hand_runs):
     speculative, greedy = hand_runs
-    table = store.survival([speculative, greedy])
+    table = survival(store, [speculative, greedy])
     assert table.run_id.tolist() == [speculative] * 4  # a greedy run has no rounds to score
     assert table.depth.tolist() == [0, 1, 2, 3]
     assert table.s.tolist() == [1.0, 0.75, 0.5, 0.25]
@@ -129,7 +124,7 @@ def test_survival_pools_the_rounds_of_each_speculative_run(store, hand_runs):
 
 def test_anchor_error_by_depth_skips_steps_without_a_reference(store, hand_runs):
     speculative, greedy = hand_runs
-    table = store.anchor_error_by_depth([speculative, greedy])
+    table = stored_anchor_error_by_depth(store, [speculative, greedy])
     # Errors are depth * round: depth 1 -> 0 1 2 3, depth 2 -> 0 2 4 6, depth 3 -> 0 3 6 (round 3 has no reference).
     assert table.run_id.tolist() == [speculative] * 3
     assert table.depth.tolist() == [1, 2, 3]
@@ -141,7 +136,7 @@ def test_anchor_error_by_depth_skips_steps_without_a_reference(store, hand_runs)
 
 def test_run_summary_counts_rows_and_scores_acceptance(store, hand_runs):
     speculative, greedy = hand_runs
-    summary = store.run_summary([speculative, greedy]).set_index("run_id")
+    summary = run_summary(store, [speculative, greedy]).set_index("run_id")
     first = summary.loc[speculative]
     assert (first.draft_name, first.window, first.k) == ("tiny-draft@abcd", "unrestricted", 3)
     assert (first.clips, first.decodes, first.rounds, first.draft_steps, first.tokens) == (1, 1, 4, 12, 9)
@@ -173,21 +168,6 @@ def test_runs_lists_history_newest_first_and_filters(store, hand_runs):
     assert store.runs(until=datetime(2000, 1, 1)).empty
 
 
-def test_compare_runs_matches_clips_uses_first_repeats_and_reports_a_minus_b(store):
-    other = replace(SPECULATIVE, draft="other-draft")
-    arm_a = [speculative_trace("c1", [0, 0]), speculative_trace("c1", [3, 1]), speculative_trace("c2", [1, 1])]
-    arm_b = [speculative_trace(c, accepted, other) for c, accepted in (("c3", [3]), ("c2", [2, 0]), ("c1", [3, 3]))]
-    run_a = store.write_run(arm_a, "bench", repeats=[1, 0, 0])  # c1's first repeat written after its second
-    run_b = store.write_run(arm_b, "bench")
-    table = store.compare_runs(run_a, run_b).table().set_index("metric")
-    # Shared clips c1 and c2. A pools [3, 1, 1, 1]: s = 1, 1, 1/4, 1/4; B pools [3, 3, 2, 0]: s = 1, 3/4, 3/4, 1/2.
-    assert table.clips.tolist() == [2] * len(table)
-    assert table.loc[["a1", "a2c", "L"], "A - B"].to_dict() == {"a1": 0.25, "a2c": -0.75, "L": -0.5}
-    assert table.loc[["a1", "a2c", "L"], "A"].to_dict() == {"a1": 1.0, "a2c": 0.25, "L": 1.5}
-    assert (table.low <= table["A - B"]).all() and (table["A - B"] <= table.high).all()
-    assert "decode_speedup" not in table.index  # no greedy baseline timed beside them
-
-
 # ---------------------------------------------------------------------------------------------------------------------
 # Round trips
 
@@ -203,7 +183,7 @@ def test_traces_come_back_equal(store):
     with pytest.raises(StoreError, match="no run nonesuch in"):
         store.traces("nonesuch")
     with pytest.raises(KeyError):
-        store.run_summary([run, "nonesuch"])
+        run_summary(store, [run, "nonesuch"])
 
 
 def test_a_runtime_windows_readout_comes_back(store):
@@ -250,16 +230,16 @@ def test_parquet_export_imports_into_a_fresh_store(store, tmp_path):
     traces = [speculative_trace("c1", [3, 1, 0, 2]), speculative_trace("c2", [0])]
     run = store.write_run(traces, "bench")
     store.write_run([greedy_trace()], "decode")
-    files = store.export_runs([run], tmp_path / "export")
+    files = export_runs(store, [run], tmp_path / "export")
     assert sorted(f.name for f in files) == sorted(f"{table}.parquet" for table in RUN_TABLES)
     fresh = Store(tmp_path / "fresh.duckdb")
-    assert fresh.import_runs(tmp_path / "export") == [run]
+    assert import_runs(fresh, tmp_path / "export") == [run]
     assert fresh.traces(run) == traces
     assert fresh.runs().drop(columns="seconds").equals(store.runs(k=3).drop(columns="seconds"))
     with duckdb.connect(str(fresh.path)) as con:
         assert con.execute("SELECT count(*) FROM clips").fetchone() == (2,)  # the greedy run's clip stayed behind
     with pytest.raises(StoreError, match="already holds run"):
-        fresh.import_runs(tmp_path / "export")
+        import_runs(fresh, tmp_path / "export")
 
 
 def test_reference_frames_round_trip(store):
@@ -300,13 +280,14 @@ def test_default_path_follows_the_environment(monkeypatch, tmp_path):
 # The writers build their traces with this module's helpers, as the test does.
 WRITE_AND_HANG = """
 import sys, time
-from specasr.store import Store, _run_frames
+from specasr.rows import run_frames
+from specasr.store import Store
 from tests.test_store import big_trace
 store = Store(sys.argv[1])
 traces = [big_trace()]
 with store._connect() as con:
     con.begin()
-    store._insert_run(con, _run_frames("killedrun", traces, "bench", None))
+    store._insert_run(con, run_frames("killedrun", traces, "bench", None))
     print("inserted", flush=True)
     time.sleep(600)
 """
@@ -377,8 +358,8 @@ def test_an_older_schema_is_migrated_on_open(tmp_path):
     path = tmp_path / "old.duckdb"
     old = replace(speculative_trace("c1", [2, 0]), segments=[])  # schema 1 has no segments table
     with duckdb.connect(str(path)) as con:
-        _migrate(con, path, target=1)
-        for table, frame in _run_frames("oldrun", [old], "decode", None).items():
+        migrate(con, 0, target=1)
+        for table, frame in run_frames("oldrun", [old], "decode", None).items():
             if table != "segments":
                 new_columns = [*SCHEMA_2_ON, "runtime_peaks", *SCHEMA_9.get(table, [])]  # nor later ones
                 con.register("frame", frame.drop(columns=new_columns, errors="ignore"))
@@ -396,7 +377,7 @@ def test_an_older_schema_is_migrated_on_open(tmp_path):
 
 def schema_7_frames(run_id: str, trace: Trace, window: str) -> dict[str, pd.DataFrame]:
     """A run's rows as schema 7 kept them: stored under `window`, an old window name, and without runtime peaks."""
-    frames = _run_frames(run_id, [trace], "decode", None)
+    frames = run_frames(run_id, [trace], "decode", None)
     frames["runs"]["window"] = window
     frames["decodes"] = frames["decodes"].drop(columns="runtime_peaks")
     return {table: frame.drop(columns=SCHEMA_9.get(table, [])) for table, frame in frames.items()}
@@ -418,7 +399,7 @@ def test_runs_stored_under_the_old_runtime_windows_keep_their_rule(tmp_path):
     path = tmp_path / "old.duckdb"
     traces = renamed_traces()
     with duckdb.connect(str(path)) as con:
-        _migrate(con, path, target=7)
+        migrate(con, 0, target=7)
         for old, trace in traces.items():
             for table, frame in schema_7_frames(old, trace, old).items():
                 con.register("frame", frame)
@@ -437,11 +418,11 @@ def test_runs_exported_under_the_old_runtime_windows_keep_their_rule(store, tmp_
             for table in frames:  # exports of schema 7 had no clip_audio file
                 con.register("frame", frames[table])
                 con.execute(f"COPY (SELECT * FROM frame) TO '{tmp_path / old / table}.parquet' (FORMAT parquet)")
-        assert store.import_runs(tmp_path / old) == [old]
+        assert import_runs(store, tmp_path / old) == [old]
         assert store.traces(old) == [trace]
-    exported = store.export_runs(["runtime-paced"], tmp_path / "new")  # a new export keeps its names
+    exported = export_runs(store, ["runtime-paced"], tmp_path / "new")  # a new export keeps its names
     store.delete_run("runtime-paced")
-    assert store.import_runs(exported[0].parent) == ["runtime-paced"]
+    assert import_runs(store, exported[0].parent) == ["runtime-paced"]
     assert store.traces("runtime-paced") == [traces["runtime-paced"]]
 
 
@@ -486,9 +467,9 @@ def test_a_trace_keeps_what_renders_it_without_a_model(store, tmp_path):
     assert store.traces(run) == [trace]
     assert np.abs(store.audio(trace.clip_hash) - waveform).max() < 1e-6  # 24-bit FLAC
     assert store.audio("hash-other") is None
-    exported = store.export_runs([run], tmp_path / "export")
+    exported = export_runs(store, [run], tmp_path / "export")
     fresh = Store(tmp_path / "fresh.duckdb")
-    fresh.import_runs(exported[0].parent)
+    import_runs(fresh, exported[0].parent)
     assert fresh.traces(run) == [trace] and np.array_equal(fresh.audio(trace.clip_hash), store.audio(trace.clip_hash))
     store.delete_run(run)
     assert store.audio(trace.clip_hash) is None  # no run decodes the clip any more

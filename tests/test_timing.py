@@ -7,7 +7,7 @@ import pytest
 from test_experiments import BASE, hand_trace, peaks_trace
 
 from specasr.experiments import COMMAND, GridRuns, repetition_note, stored_grid, tables
-from specasr.metrics import Interval, aa_table, aa_warning, pooled_bootstrap, pooled_estimate, timed_ratio
+from specasr.intervals import Interval, aa_table, aa_warning, pooled_bootstrap, pooled_estimate, timed_ratio
 from specasr.store import Store
 
 

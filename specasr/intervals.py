@@ -1,0 +1,227 @@
+"""Intervals: bootstrap percentile intervals over utterances (paired, general and of pooled sums), and the A/A
+timing check built on them."""
+
+import math
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+
+@dataclass
+class Interval:
+    """A point estimate with its bootstrap interval."""
+
+    estimate: float
+    low: float
+    high: float
+
+
+def paired_bootstrap(
+    arm_a: Sequence,
+    arm_b: Sequence,
+    metric: Callable[[list], float],
+    draws: int = 5000,
+    seed: int = 42,
+    level: float = 0.95,
+) -> Interval:
+    """Percentile interval for metric(arm_b) - metric(arm_a) by paired utterance resampling.
+
+    The arms are matched (same utterances, same order: traces, or any per-utterance records with a clip_id);
+    each draw applies the same resampled indices to both.
+    """
+    for i, (a, b) in enumerate(zip(arm_a, arm_b, strict=False)):
+        if a.clip_id != b.clip_id:
+            raise ValueError(f"arms differ at utterance {i}: {a.clip_id!r} vs {b.clip_id!r}")
+
+    def difference(a: list, b: list) -> float | None:
+        before, after = metric(a), metric(b)
+        return None if before is None or after is None else after - before
+
+    return bootstrap(difference, [arm_a, arm_b], draws, seed, level)
+
+
+def bootstrap(
+    statistic: Callable[..., float | None],
+    arms: list[Sequence],
+    draws: int = 10_000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> Interval:
+    """Percentile interval for statistic(*arms) by resampling utterances: the arms are matched lists (one item per
+    utterance, same order), and each draw takes the same indices from every arm. Draws where the statistic is
+    undefined (ValueError, None or NaN) are skipped; more than half undefined is an error."""
+    sizes = {len(arm) for arm in arms}
+    if len(sizes) != 1 or not sizes.pop():
+        raise ValueError(f"arms must be matched and non-empty, got {[len(arm) for arm in arms]} utterances")
+    estimate = _defined(statistic, arms)
+    if len(arms[0]) == 1:  # every draw takes the one utterance again: no spread to estimate
+        return Interval(estimate, float(estimate), float(estimate))
+    rng = np.random.default_rng(seed)
+    values = []
+    for _ in range(draws):
+        index = rng.integers(0, len(arms[0]), size=len(arms[0])).tolist()
+        try:
+            values.append(_defined(statistic, [[arm[i] for i in index] for arm in arms]))
+        except ValueError:
+            continue
+    if len(values) * 2 < draws:
+        raise ValueError(f"statistic undefined in {draws - len(values)} of {draws} bootstrap draws")
+    low, high = np.quantile(values, [(1 - level) / 2, (1 + level) / 2])
+    return Interval(estimate, float(low), float(high))
+
+
+def pooled_estimate(
+    statistic: Callable[..., np.ndarray],
+    arms: list[dict[str, np.ndarray]],
+    strata: Sequence[str] | None = None,
+    repeated: Collection[str] = (),
+) -> float:
+    """The statistic of pooled sums on the sample itself (see pooled_bootstrap)."""
+    return pooled_bootstrap(statistic, arms, 0, strata=strata, repeated=repeated).estimate
+
+
+def pooled_bootstrap(
+    statistic: Callable[..., np.ndarray],
+    arms: list[dict[str, np.ndarray]],
+    draws: int = 10_000,
+    seed: int = 0,
+    level: float = 0.95,
+    strata: Sequence[str] | None = None,
+    chunk: int = 1000,
+    resample_strata: bool = False,
+    repeated: Collection[str] = (),
+) -> Interval:
+    """Percentile interval for a statistic of pooled sums, all draws at once.
+
+    Each arm holds per-utterance columns (utterances on the first axis, the same utterances in every arm). The
+    statistic takes each arm's column sums, as a dict, and computes elementwise over leading axes: ratios of sums,
+    such as acceptance pooled over rounds or total time over total time. With `strata` (one label per utterance,
+    such as its evaluation set) the statistic is taken within each stratum and averaged with equal weights; a
+    stratum where it is undefined on the sample is left out. Every draw resamples utterances within their
+    stratum, the same ones in every arm; with `resample_strata` it first draws as many strata as there are, with
+    replacement, each with a resample of its own, so that the interval covers the variation between strata and not
+    only within them. Draws where the statistic is not finite are skipped, more than half is an error. With no
+    draws the interval is the estimate itself.
+
+    The `repeated` columns hold timing repetitions, (utterances, repetitions): an utterance counts the median of
+    its repetitions. A draw resamples the repetitions of every utterance it takes, with replacement, so that the
+    interval holds run-to-run noise too; repetition r of every repeated column of every arm was timed side by side,
+    so the same repetitions are taken from all of them. Repetitions draw from a stream of their own: the utterances
+    drawn are those of a bootstrap without them.
+    """
+    sizes = {len(column) for arm in arms for column in arm.values()}
+    if len(sizes) != 1 or not (n := sizes.pop()):
+        raise ValueError("arms must hold the same non-empty utterances")
+    repetitions = _repetitions(arms, repeated)
+    labels = np.zeros(n, dtype=int) if strata is None else np.unique(np.asarray(strata), return_inverse=True)[1]
+    groups = [np.flatnonzero(labels == label) for label in range(labels.max() + 1)]
+    rng, repetition_rng = np.random.default_rng(seed), np.random.default_rng([seed, 1])
+
+    def evaluate(indices: list[np.ndarray], resample: bool = True) -> np.ndarray:
+        """The statistic per stratum: indices[g] (draws, members) picks stratum g's utterances in each draw."""
+        taken = [(index, _pick_repetitions(repetition_rng, index.shape, repetitions, resample)) for index in indices]
+        sums = [
+            {name: np.stack([_sums(c, *pick, name in repeated) for pick in taken], axis=1) for name, c in arm.items()}
+            for arm in arms
+        ]
+        return statistic(*sums)  # (draws, strata)
+
+    with np.errstate(divide="ignore", invalid="ignore"):
+        per_stratum = evaluate([group[None] for group in groups], resample=False)[0]
+        defined = np.isfinite(per_stratum)
+        if not defined.any():
+            raise ValueError("statistic undefined on the sample")
+        estimate = float(per_stratum[defined].mean())
+        if not draws:
+            return Interval(estimate, estimate, estimate)
+        values = []
+        kept = np.flatnonzero(defined)
+        slots = len(kept) if resample_strata else 1
+        for start in range(0, draws, chunk):
+            size = min(chunk, draws - start)
+            taken = []
+            for _ in range(slots):  # each slot: one stratum per draw, with its own resample of utterances
+                per_stratum = evaluate([rng.choice(group, size=(size, len(group))) for group in groups])[:, kept]
+                if not resample_strata:
+                    taken.append(per_stratum.mean(axis=1))
+                    continue
+                taken.append(per_stratum[np.arange(size), rng.integers(0, len(kept), size=size)])
+            values.append(np.mean(taken, axis=0))
+    values = np.concatenate(values)
+    values = values[np.isfinite(values)]
+    if len(values) * 2 < draws:
+        raise ValueError(f"statistic undefined in {draws - len(values)} of {draws} draws")
+    low, high = np.quantile(values, [(1 - level) / 2, (1 + level) / 2])
+    return Interval(estimate, float(low), float(high))
+
+
+def timed_ratio(
+    numerator: np.ndarray, denominator: np.ndarray, draws: int = 10_000, seed: int = 0, level: float = 0.95
+) -> Interval:
+    """Total time over total time of two arms timed side by side, from their (clips, repetitions) seconds, each clip
+    its median over repetitions: a speedup (baseline over candidate) or an A/A ratio. The interval resamples clips
+    and the repetitions within each, the same in both arms (pooled_bootstrap)."""
+    arms = [{"seconds": np.asarray(numerator, float)}, {"seconds": np.asarray(denominator, float)}]
+    return pooled_bootstrap(lambda a, b: a["seconds"] / b["seconds"], arms, draws, seed, level, repeated={"seconds"})
+
+
+def aa_table(ratios: dict[str, Interval]) -> pd.DataFrame:
+    """The A/A check: the same settings timed twice side by side, one row per phase with the ratio of their times
+    and its interval. They disagree where the interval excludes 1."""
+    rows = [
+        {"phase": phase, "ratio": r.estimate, "low": r.low, "high": r.high, "disagrees": not r.low <= 1 <= r.high}
+        for phase, r in ratios.items()
+    ]
+    return pd.DataFrame(rows, columns=["phase", "ratio", "low", "high", "disagrees"])
+
+
+def aa_warning(table: pd.DataFrame) -> str | None:
+    """What an A/A table (aa_table) means where its copies disagree: a speed difference up to their ratio's distance
+    from 1 is this machine's noise, not the settings'. None where they agree."""
+    apart = table[table.disagrees.astype(bool)]
+    if apart.empty:
+        return None
+    ratios = "; ".join(f"{r.phase} {r.ratio:.3f}x [{r.low:.3f}, {r.high:.3f}]" for r in apart.itertuples())
+    size = (apart.ratio - 1).abs().max()
+    return (
+        f"A/A check: the same settings timed twice disagree ({ratios}); speed differences of {size:.1%} or less "
+        "are machine noise here"
+    )
+
+
+def _repetitions(arms: list[dict[str, np.ndarray]], repeated: Collection[str]) -> int:
+    """The repetitions every repeated column holds (0 where none is repeated)."""
+    counts = {arm[name].shape[1] for arm in arms for name in repeated if name in arm}
+    if len(counts) > 1 or 0 in counts:
+        raise ValueError(f"repeated columns must hold the same non-zero number of repetitions, got {sorted(counts)}")
+    return counts.pop() if counts else 0
+
+
+def _pick_repetitions(
+    rng: np.random.Generator, shape: tuple[int, ...], repetitions: int, resample: bool
+) -> np.ndarray | None:
+    """Per drawn utterance (`shape`: draws, members), the repetitions it takes: a resample, or all in order."""
+    if not repetitions:
+        return None
+    if resample:
+        return rng.integers(0, repetitions, size=(*shape, repetitions))
+    return np.broadcast_to(np.arange(repetitions), (*shape, repetitions))
+
+
+def _sums(column: np.ndarray, index: np.ndarray, picks: np.ndarray | None, repeated: bool) -> np.ndarray:
+    """The column summed over the utterances each draw took (`index`: draws, members); a repeated column counts each
+    utterance's median over its picked repetitions."""
+    taken = column[index]
+    if repeated:
+        taken = np.median(np.take_along_axis(taken, picks, axis=-1), axis=-1)
+    return taken.sum(axis=1)
+
+
+def _defined(statistic: Callable[..., float | None], arms: list[list]) -> float:
+    """statistic(*arms) as a float; ValueError where it is undefined."""
+    value = statistic(*arms)
+    if value is None or math.isnan(value):
+        raise ValueError(f"statistic is undefined on this sample ({value})")
+    return float(value)
