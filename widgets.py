@@ -4,6 +4,7 @@ decoding with reference frames where the aligner can make them, progress and err
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import pandas as pd
@@ -227,6 +228,18 @@ def report(error: Exception) -> None:
     st.error(f"{type(error).__name__}: {error}")
 
 
+Written = TypeVar("Written")
+
+
+def try_store(write: Callable[[], Written]) -> tuple[Written | None, str | None]:
+    """A store write's result, or None and why the store refused it (busy, read-only, a full disk): a page keeps
+    what it decoded on screen either way, and says when it was not stored."""
+    try:
+        return write(), None
+    except StoreError as error:
+        return None, str(error)
+
+
 def run_labels(runs: pd.DataFrame) -> dict[str, str]:
     """Run id -> how a picker shows it: its name, or its clip and settings, then the id."""
     return {r.run_id: f"{r.label} · {r.target} · {r.run_id}" for r in runs.itertuples()}
@@ -264,7 +277,7 @@ def stored_result(trace: Trace, run_id: str) -> dict:
     so that it can be heard and timed again."""
     audio = clip_audio(trace)
     clip = None if audio is None else Clip(trace.clip_id, audio, trace.reference_text, trace.dataset)
-    return {"trace": trace, "audio": audio, "clip": clip, "run": run_id, "timing": None}
+    return {"trace": trace, "audio": audio, "clip": clip, "run": run_id, "unstored": None, "timing": None}
 
 
 def clip_audio(trace: Trace) -> np.ndarray | None:

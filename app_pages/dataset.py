@@ -2,6 +2,7 @@
 
 import hashlib
 
+import pandas as pd
 import streamlit as st
 
 import widgets
@@ -103,6 +104,8 @@ def report_outcome(outcome: clipset.SetDecode) -> None:
         f"{outcome.decoded} clips decoded and stored; {outcome.reused} reused from the store, already decoded under "
         "these settings."
     )
+    if outcome.unstored:
+        st.warning(f"{len(outcome.unstored)} clips decoded but not stored: {outcome.store_error}")
     if outcome.problems:
         with st.expander(f"{len(outcome.problems)} clips with a problem", expanded=True):
             for clip_id, problem in outcome.problems.items():
@@ -139,8 +142,10 @@ if st.button("Decode the set", type="primary", key="decode_set"):
     outcome = decode(chosen, settings, keep_audio=st.session_state["dataset_source"] == UPLOAD)
     st.session_state["dataset_outcome"] = (asked, outcome)
 last = st.session_state.get("dataset_outcome")
+unstored = {}  # clip id -> a decode of these clips under these settings that the store could not take
 if last and last[0] == asked and last[1] is not None:
     report_outcome(last[1])
+    unstored = last[1].unstored
 
 try:
     runs = stored(chosen, settings)
@@ -149,14 +154,15 @@ except widgets.DECODE_ERRORS as error:
     st.stop()
 st.caption(f"{len(runs)} of these {len(chosen)} clips are stored under the sidebar's settings.")
 st.subheader("Clips, worst first")
-if not runs:
+if not runs and not unstored:
     st.info("None of these clips is stored under the sidebar's settings yet: press Decode the set.")
     st.stop()
 
 store = widgets.store()
 with st.spinner("Reading the stored decodes…"):
-    metrics = {run_id: run_metrics(str(store.path), run_id) for run_id in runs.values()}
-table = clipset.clip_table(chosen, runs, metrics)
+    rows = {clip_id: run_metrics(str(store.path), run_id) | {"run_id": run_id} for clip_id, run_id in runs.items()}
+rows |= {clip_id: clipset.clip_metrics(trace) | {"run_id": None} for clip_id, trace in unstored.items()}
+table = clipset.clip_table(chosen, rows)
 left, middle, right = st.columns(3)
 options = sorted(table["set"].unique())
 st.session_state["dataset_sets"] = [s for s in st.session_state.get("dataset_sets", []) if s in options]
@@ -169,7 +175,7 @@ shown = table[
     & table.clip_id.str.contains(search.strip(), case=False, regex=False)
 ]
 # A selection points at a row of the table as it was drawn: another table gets a fresh one.
-drawn = hashlib.sha256(",".join(shown.run_id).encode()).hexdigest()[:12]
+drawn = hashlib.sha256(",".join(shown.clip_id + ":" + shown.run_id.fillna("")).encode()).hexdigest()[:12]
 event = st.dataframe(
     shown,
     hide_index=True,
@@ -183,13 +189,15 @@ st.caption(
     "Anchor error: the draft's attention peak against the forced-alignment frame of the token, median over the "
     "clip's draft steps."
 )
-if event.selection.rows:
-    row = shown.iloc[event.selection.rows[0]]
+row = shown.iloc[event.selection.rows[0]] if event.selection.rows else None
+if row is None:
+    st.caption("Select a row (the box at its left) to open that clip's run on Live decode.")
+elif pd.isna(row.run_id):
+    st.caption(f"The decode of {row.clip_id} was not stored, so it cannot be opened on Live decode.")
+else:
     st.page_link(
         "app_pages/decode.py",
         label=f"Open {row.clip_id} on Live decode (run {row.run_id}): hear it while watching drift",
         icon=":material/play_circle:",
         query_params={"run": row.run_id, "clip": row.clip_id},
     )
-else:
-    st.caption("Select a row (the box at its left) to open that clip's run on Live decode.")

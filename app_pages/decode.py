@@ -42,12 +42,14 @@ def run(clip, settings) -> dict | None:
             trace, problem = widgets.decode_with_reference(clip, replace(settings, keep_attention=True), progress)
             if problem:
                 st.warning(f"{problem}; the other positions are still shown.")
-            run_id = widgets.store().write_run([trace], "dashboard", audio={clip.hash: clip.audio})
         except widgets.DECODE_ERRORS as error:
             widgets.report(error)
             return None
+        run_id, unstored = widgets.try_store(
+            lambda: widgets.store().write_run([trace], "dashboard", audio={clip.hash: clip.audio})
+        )
         status.update(label="Done", state="complete", expanded=False)
-    return {"trace": trace, "audio": clip.audio, "clip": clip, "run": run_id, "timing": None}
+    return {"trace": trace, "audio": clip.audio, "clip": clip, "run": run_id, "unstored": unstored, "timing": None}
 
 
 def time_it(clip, settings, repeats: int) -> dict | None:
@@ -59,22 +61,24 @@ def time_it(clip, settings, repeats: int) -> dict | None:
     with st.status(f"Timing greedy against speculative: {repeats} warm repetitions each", expanded=True) as status:
         try:
             table, results = benchmark(widgets.pipeline(), arms, [clip], repeats)
-            runs = store_results(widgets.store(), results, "dashboard-bench")
         except widgets.DECODE_ERRORS as error:
             widgets.report(error)
             return None
+        runs, unstored = widgets.try_store(lambda: store_results(widgets.store(), results, "dashboard-bench"))
         status.update(label="Timed", state="complete", expanded=False)
     rows = summary(table, results).set_index("arm")
     timed = {"speed": rows.loc["speculative"], "greedy": rows.loc["greedy"], "aa": aa_check(results)}
-    return timed | {"runs": runs, "repeats": repeats}
+    return timed | {"runs": runs, "unstored": unstored, "repeats": repeats}
 
 
 if st.button("Run", type="primary", key="run", disabled=clip is None):
-    st.session_state["decoded"] = run(clip, settings)
-    if st.session_state["decoded"]:
+    decoded = st.session_state["decoded"] = run(clip, settings)
+    if decoded:
         st.query_params.pop("clip", None)
-        st.query_params["run"] = st.session_state["decoded"]["run"]
-        st.session_state["opened"] = (st.query_params["run"], None)
+        st.query_params.pop("run", None)  # a decode the store could not take has no address
+        if decoded["run"]:
+            st.query_params["run"] = decoded["run"]
+            st.session_state["opened"] = (decoded["run"], None)
 
 result = st.session_state.get("decoded")
 if not result:
@@ -88,10 +92,13 @@ if changed := widgets.changed_settings(result["trace"].settings, settings):
 
 trace = result["trace"]
 pieces = widgets.token_pieces(trace)
+run_note = f"stored as run {result['run']}" if result["run"] else "not stored"
 st.caption(
     f"{trace.clip_id}: {trace.settings.target} on {trace.settings.device} ({trace.settings.dtype}), draft "
-    f"{trace.draft_name}, window {trace.settings.window}, K={trace.settings.k}; stored as run {result['run']}."
+    f"{trace.draft_name}, window {trace.settings.window}, K={trace.settings.k}; {run_note}."
 )
+if result["unstored"]:
+    st.warning(f"This decode was not stored: {result['unstored']}")
 listen = False  # the clip's player tied to the drift plot below, where the audio is at hand
 if result["audio"] is not None:
     listen = st.toggle("Listen along the drift plot (click a token to play from its time)", True, key="listen")
@@ -142,6 +149,8 @@ if timing is None:
     st.info(f"Not timed: a decode is not benchmarked unless asked; {how} to time it against greedy.")
 else:
     speed, runs = timing["speed"], timing["runs"]
+    if timing["unstored"]:
+        st.warning(f"These timings were not stored: {timing['unstored']}")
     columns = st.columns(3)
     for column, phase, label in ((columns[0], "decode", "Decode-phase"), (columns[1], "total", "End-to-end")):
         low, high = speed[f"{phase}_speedup_low"], speed[f"{phase}_speedup_high"]
@@ -152,15 +161,17 @@ else:
         if timing["repeats"] == 1
         else "in brackets the 95% bootstrap interval over the repetitions, paired by repetition: the run-to-run spread"
     )
+    stored_as = f" (runs {runs['greedy']} and {runs['speculative']})" if runs else ""
     st.caption(
         f"Speedups against greedy decoding of the same clip, medians of {timing['repeats']} warm repetitions per arm, "
-        f"interleaved, after one warm-up decode each; {spread} (runs {runs['greedy']} and {runs['speculative']})."
+        f"interleaved, after one warm-up decode each; {spread}{stored_as}."
     )
     if not speed.same_tokens_clips:
         st.error("The speculative transcript differed from greedy's: report this as a bug.")
     aa = timing["aa"].set_index("phase")
+    aa_run = f" (run {runs['greedy (A/A)']})" if runs else ""
     st.caption(
-        f"A/A check, greedy timed twice in the same run (run {runs['greedy (A/A)']}): decode "
+        f"A/A check, greedy timed twice in the same run{aa_run}: decode "
         f"{aa.ratio['decode']:.3f}x [{aa.low['decode']:.3f}, {aa.high['decode']:.3f}], end-to-end "
         f"{aa.ratio['total']:.3f}x [{aa.low['total']:.3f}, {aa.high['total']:.3f}]."
     )

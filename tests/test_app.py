@@ -11,7 +11,7 @@ from test_experiments import BASE, hand_trace, peaks_trace, restarts
 
 from specasr.experiments import COMMAND, stored_grid
 from specasr.pipeline import Pipeline
-from specasr.store import Store
+from specasr.store import Store, StoreError
 from specasr.trace import Settings
 from specasr.windows import WINDOWS
 
@@ -91,6 +91,40 @@ def test_live_decode_shows_transcript_metrics_and_drift(sample_clips):
     assert len(Store().runs()) == before + 4
     assert "target verification peak (layer 0)" in names(figures(app)["drift"])
     assert any(m.label == "Decode-phase speedup" for m in app.metric)  # the timing stays with the decode
+
+
+def fill_the_disk(monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every store write fails from now on, as it would on a full disk; returns the reason the store gives."""
+    reason = "cannot write runs.duckdb: it is on a full disk"
+
+    def fail(*args, **kwargs):
+        raise StoreError(reason)
+
+    monkeypatch.setattr(Store, "write_run", fail)
+    monkeypatch.setattr(Store, "write_runs", fail)
+    return reason
+
+
+def test_a_decode_the_store_cannot_take_stays_on_screen_and_says_so(sample_clips, monkeypatch):
+    full_disk = fill_the_disk(monkeypatch)
+    before = len(Store().runs())
+    app = page()
+    use_random_draft(app)
+    upload(app, "decode", "clip.wav", sample_clips[0].path.read_bytes())
+    app.button(key="run").click().run()
+    assert not app.exception and not app.error
+    assert "cooler" in text_of(app) and any(m.label == "L (accepted per round)" for m in app.metric)
+    assert [w.value for w in app.warning] == [f"This decode was not stored: {full_disk}"]
+    assert "run" not in app.query_params and len(Store().runs()) == before
+    app.toggle(key="listen").set_value(False).run()  # the page drawn again: the result and its warning stay
+    assert "cooler" in text_of(app) and "drift" in figures(app) and app.warning[0].value.endswith(full_disk)
+
+    app.number_input(key="repeats").set_value(1)
+    app.button(key="time_it").click().run()
+    assert not app.exception and not app.error
+    assert any(m.label == "Decode-phase speedup" for m in app.metric)
+    assert f"These timings were not stored: {full_disk}" in [w.value for w in app.warning]
+    assert len(Store().runs()) == before
 
 
 def test_a_bad_upload_shows_its_message_and_stores_nothing():

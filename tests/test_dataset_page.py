@@ -1,7 +1,7 @@
 """The Dataset page as a user drives it (Streamlit AppTest): a folder of clips decoded clip by clip into the store,
 decoded again without a single new decode, shown again from the store in a fresh session, and a row opened."""
 
-from test_app import frame_with, page, use_random_draft
+from test_app import fill_the_disk, frame_with, page, use_random_draft
 
 from specasr.clipset import COLUMNS, COMMAND
 from specasr.dataset import DEFAULT_SPEECH_DIR, load_manifest, spread
@@ -59,6 +59,28 @@ def test_the_page_decodes_a_folder_resumes_from_the_store_and_opens_a_clip(speec
     link = fresh.get("page_link")[0].proto
     assert link.page_script_hash and f"Open {filtered.clip_id.iloc[0]} on Live decode" in link.label
     assert link.query_string == f"run={filtered.run_id.iloc[0]}&clip={filtered.clip_id.iloc[0]}"
+
+
+def test_a_set_the_store_cannot_take_stays_on_screen_and_says_so(speech, monkeypatch):
+    full_disk = fill_the_disk(monkeypatch)
+    before = dataset_runs()
+    app = page("dataset")
+    use_random_draft(app, k=3)  # settings no other test stores a set under: every clip is decoded
+    app.number_input(key="dataset_count").set_value(2).run()
+    app.button(key="decode_set").click().run()
+    assert not app.exception and not app.error
+    assert app.success[0].value.startswith("0 clips decoded and stored; 0 reused")
+    assert [w.value for w in app.warning] == [f"2 clips decoded but not stored: {full_disk}"]
+    table = frame_with(app, "clip_id", "wer", "anchor_error_ms")
+    assert set(table.clip_id) == {u.id for u in spread(load_manifest(), 2)} and table.run_id.isna().all()
+    assert table.L.notna().all() and table.anchor_error_ms.notna().all()
+    assert dataset_runs() == before
+
+    chosen = next(frame for frame in app.dataframe if frame.key and frame.key.startswith("dataset_table"))
+    app.session_state[chosen.key] = {"selection": {"rows": [0], "columns": [], "cells": []}}
+    app.run()
+    assert not app.get("page_link") and frame_with(app, "clip_id", "wer").equals(table)
+    assert any("was not stored, so it cannot be opened on Live decode" in c.value for c in app.caption)
 
 
 def test_a_folder_without_a_manifest_says_so(tmp_path):
