@@ -1,3 +1,4 @@
+import os
 import subprocess
 import sys
 from dataclasses import fields, replace
@@ -13,7 +14,7 @@ from specasr.metrics import run_summary, stored_anchor_error_by_depth, survival
 from specasr.migrations import SCHEMA_VERSION, migrate
 from specasr.reference import ClipReference
 from specasr.rows import run_frames
-from specasr.store import RUN_TABLES, SHARED_TABLES, Store, StoreBusyError, StoreError, default_db_path
+from specasr.store import RUN_TABLES, SHARED_TABLES, Store, StoreBusyError, StoreError, StoreWriteError, default_db_path
 from specasr.trace import CodeVersion, DraftStep, Round, Segment, Settings, Timings, Trace, VerifiedToken
 from specasr.transfer import export_runs, import_runs
 from specasr.words import WordTime
@@ -494,3 +495,120 @@ def test_a_store_in_a_folder_that_does_not_exist_is_refused_and_nothing_is_made(
     with pytest.raises(StoreError, match=r"typo does not exist: create it first, or give a store path in a folder"):
         Store(tmp_path / "typo" / "runs.duckdb")
     assert not (tmp_path / "typo").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Writes the file system refuses, and rows left without their run
+
+
+class FailingCommits:
+    """A DuckDB connection whose commits fail as the file system said."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, said: str):
+        self.con, self.said = con, said
+
+    def __getattr__(self, name):
+        return getattr(self.con, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.con.close()
+
+    def commit(self):
+        raise duckdb.IOException(f'IO Error: Could not write file "runs.duckdb.wal": {self.said}\n\nmore detail')
+
+
+def failing_commits(monkeypatch, said: str) -> None:
+    connect = duckdb.connect
+    monkeypatch.setattr(duckdb, "connect", lambda *args, **kwargs: FailingCommits(connect(*args, **kwargs), said))
+
+
+WRITES = {
+    "write_run": lambda store, run: store.write_run([greedy_trace("g2")], "decode"),
+    "label_run": lambda store, run: store.label_run(run, "name", "note"),
+    "delete_run": lambda store, run: store.delete_run(run),
+    "save_reference": lambda store, run: store.save_reference(
+        "hash-c1", "t", "cpu", "float32", "a", ClipReference("file", [[1]], [1], [])
+    ),
+    "remove_orphans": lambda store, run: store.remove_orphans(),
+}
+
+
+@pytest.mark.parametrize("write", WRITES)
+def test_a_full_disk_is_one_line_naming_the_store_and_nothing_is_written(store, monkeypatch, write):
+    run = store.write_run([speculative_trace("c1", [2, 1])], "decode")
+    before = store.runs()
+    failing_commits(monkeypatch, "No space left on device")
+    with pytest.raises(StoreWriteError) as refused:
+        WRITES[write](store, run)
+    assert str(refused.value) == f"cannot write {store.path}: it is on a full disk"
+    monkeypatch.undo()
+    pd.testing.assert_frame_equal(store.runs(), before)
+    assert store.reference("hash-c1", "t", "cpu", "float32", "a") is None
+
+
+def test_a_refused_permission_is_a_store_write_error(store, monkeypatch):
+    failing_commits(monkeypatch, "Permission denied")
+    with pytest.raises(StoreWriteError, match=f"cannot write {store.path}: permission denied$"):
+        store.write_run([greedy_trace()], "decode")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_a_store_in_a_read_only_folder_reads_and_refuses_writes_with_one_line(tmp_path):
+    folder = tmp_path / "readonly"
+    folder.mkdir()
+    store = Store(folder / "runs.duckdb")
+    run = store.write_run([greedy_trace()], "decode")
+    folder.chmod(0o555)
+    try:
+        reopened = Store(folder / "runs.duckdb")
+        assert reopened.traces(run) == [greedy_trace()]
+        with pytest.raises(StoreWriteError, match=f"cannot write {reopened.path}: its folder {folder} is read-only$"):
+            reopened.write_run([greedy_trace("g2")], "decode")
+        with pytest.raises(StoreWriteError, match=f"its folder {folder} is read-only$"):
+            Store(folder / "new.duckdb")
+        assert reopened.runs().run_id.tolist() == [run]
+    finally:
+        folder.chmod(0o755)
+
+
+def insert_orphans(path: Path) -> None:
+    """Rows a mixed import left before imports were checked: decodes (and their rows) of a run that is not stored,
+    a run without decodes, and a clip no decode uses."""
+    lost = run_frames("lostrun", [speculative_trace("c7", [1, 2])], "decode", None)
+    alone = run_frames("emptyrun", [speculative_trace("c8", [1])], "decode", None)
+    with duckdb.connect(str(path)) as con:
+        for table, frame in lost.items():
+            if table != "runs":
+                con.register("frame", frame)
+                con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM frame")
+        for table in ("runs", "clips"):
+            con.register("frame", alone[table])
+            con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM frame")
+
+
+ORPHANED = {"decodes": 1, "runs": 1, "segments": 1, "rounds": 2, "draft_steps": 6, "verified_tokens": 4, "clips": 2}
+
+
+def test_orphan_rows_are_found_and_removed_in_one_go(store):
+    kept = [speculative_trace("c1", [3, 1])]
+    run = store.write_run(kept, "decode")
+    assert store.orphans() == {}
+    insert_orphans(store.path)
+    assert store.orphans() == ORPHANED
+    assert store.orphans() == ORPHANED  # counting removes nothing
+    assert store.remove_orphans() == ORPHANED
+    assert store.orphans() == {} and store.remove_orphans() == {}
+    assert store.runs().run_id.tolist() == [run] and store.traces(run) == kept
+
+
+def test_a_run_without_decodes_can_be_shown_and_deleted(store):
+    insert_orphans(store.path)
+    assert store.traces("emptyrun") == []
+    summary = run_summary(store, ["emptyrun"]).iloc[0]
+    assert (summary.decodes, summary.clips, summary.tokens, summary.seconds) == (0, 0, 0, 0.0)
+    assert "emptyrun" in store.runs().run_id.tolist()
+    store.delete_run("emptyrun")
+    assert "runs" not in store.orphans()
