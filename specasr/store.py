@@ -83,8 +83,9 @@ def first_line(message: str) -> str:
     return message.strip().splitlines()[0] if message.strip() else message
 
 
-# The errors a write to a file can end in: Python's, and DuckDB's where the file system refused it or the commit failed.
-WRITE_FAILURES = (OSError, duckdb.IOException, duckdb.PermissionException, duckdb.TransactionException)
+# The errors a write to a file can end in: DuckDB's where the file system refused it or the commit failed, and Python's.
+DUCKDB_WRITE_FAILURES = (duckdb.IOException, duckdb.PermissionException, duckdb.TransactionException)
+WRITE_FAILURES = (OSError, *DUCKDB_WRITE_FAILURES)
 
 
 @dataclass(frozen=True)
@@ -205,7 +206,7 @@ class Store:
                 con.begin()
                 yield con
                 con.commit()
-            except WRITE_FAILURES as error:
+            except DUCKDB_WRITE_FAILURES as error:
                 raise write_error(self.path, error) from error
 
     def _known_runs(self, con: duckdb.DuckDBPyConnection, run_ids: Sequence[str]) -> list[str]:

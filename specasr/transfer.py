@@ -40,17 +40,17 @@ def export_runs(store: Store, run_ids: Sequence[str], folder: Path | str, force:
     staging = folder.parent / f".{folder.name}.{uuid.uuid4().hex[:8]}.partial"
     try:
         staging.mkdir()
-        files = {}
+        counts = {}
         with store.transaction() as con:  # one snapshot of every table
             for table in RUN_TABLES:
                 path = staging / f"{table}.parquet"
                 rows = f"SELECT * FROM {table} WHERE {_RUN_ROWS.get(table, 'list_contains($run_ids, run_id)')}"
                 try:
                     copy = f"COPY ({rows}) TO {_literal(path)} (FORMAT parquet)"
-                    (count,) = con.execute(copy, {"run_ids": run_ids}).fetchone()
+                    (counts[path.name],) = con.execute(copy, {"run_ids": run_ids}).fetchone()
                 except WRITE_FAILURES as error:
                     raise write_error(path, error) from error
-                files[path.name] = {"rows": count, "sha256": _sha256(path)}
+        files = {name: {"rows": rows, "sha256": _sha256(staging / name)} for name, rows in counts.items()}
         manifest = {"format": FORMAT, "schema_version": SCHEMA_VERSION, "runs": run_ids, "files": files}
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
         _publish(staging, folder)

@@ -227,22 +227,6 @@ def test_write_run_refuses_mixed_or_empty_runs(store):
     assert store.runs().empty
 
 
-def test_parquet_export_imports_into_a_fresh_store(store, tmp_path):
-    traces = [speculative_trace("c1", [3, 1, 0, 2]), speculative_trace("c2", [0])]
-    run = store.write_run(traces, "bench")
-    store.write_run([greedy_trace()], "decode")
-    files = export_runs(store, [run], tmp_path / "export")
-    assert sorted(f.name for f in files) == sorted(f"{table}.parquet" for table in RUN_TABLES)
-    fresh = Store(tmp_path / "fresh.duckdb")
-    assert import_runs(fresh, tmp_path / "export") == [run]
-    assert fresh.traces(run) == traces
-    assert fresh.runs().drop(columns="seconds").equals(store.runs(k=3).drop(columns="seconds"))
-    with duckdb.connect(str(fresh.path)) as con:
-        assert con.execute("SELECT count(*) FROM clips").fetchone() == (2,)  # the greedy run's clip stayed behind
-    with pytest.raises(StoreError, match="already holds run"):
-        import_runs(fresh, tmp_path / "export")
-
-
 def test_reference_frames_round_trip(store):
     key = ("hash-c1", "whisper-tiny.en", "cpu", "float32", "pocketsphinx")
     words = [WordTime("the", 0.25, 0.5, True), WordTime("cat", None, None, False)]
@@ -408,23 +392,6 @@ def test_runs_stored_under_the_old_runtime_windows_keep_their_rule(tmp_path):
     store = Store(path)
     assert {old: store.traces(old) for old in OLD_WINDOWS} == {old: [trace] for old, trace in traces.items()}
     assert sorted(store.runs().window) == sorted(OLD_WINDOWS.values())
-
-
-def test_runs_exported_under_the_old_runtime_windows_keep_their_rule(store, tmp_path):
-    traces = renamed_traces()
-    for old, trace in traces.items():
-        frames = schema_7_frames(old, trace, old)
-        (tmp_path / old).mkdir()
-        with duckdb.connect() as con:
-            for table in frames:  # exports of schema 7 had no clip_audio file
-                con.register("frame", frames[table])
-                con.execute(f"COPY (SELECT * FROM frame) TO '{tmp_path / old / table}.parquet' (FORMAT parquet)")
-        assert import_runs(store, tmp_path / old) == [old]
-        assert store.traces(old) == [trace]
-    exported = export_runs(store, ["runtime-paced"], tmp_path / "new")  # a new export keeps its names
-    store.delete_run("runtime-paced")
-    assert import_runs(store, exported[0].parent) == ["runtime-paced"]
-    assert store.traces("runtime-paced") == [traces["runtime-paced"]]
 
 
 def test_a_newer_schema_is_refused(store):
