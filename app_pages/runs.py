@@ -10,6 +10,7 @@ import pandas as pd
 import streamlit as st
 
 import widgets
+from specasr.transfer import export_runs
 
 COLUMNS = [
     "label", "run_id", "created", "command", "target", "draft_name", "draft_dtype", "k", "window", "clips",
@@ -61,7 +62,7 @@ st.caption(f"Shareable: add ?run={run_id} to the Live decode or Drift page's add
 def exported(run_id: str) -> tuple[bytes, bytes]:
     """The run's tables exported once, zipped as Parquet and as CSV."""
     with tempfile.TemporaryDirectory() as folder:
-        paths = store.export_runs([run_id], folder)
+        paths = export_runs(store, [run_id], folder)
         parquet = _zip({path.name: path.read_bytes() for path in paths})
         csv = _zip(
             {path.with_suffix(".csv").name: pd.read_parquet(path).to_csv(index=False).encode() for path in paths}
