@@ -47,7 +47,7 @@ class StoreBusyError(StoreError):
 
 
 class StoreWriteError(StoreError):
-    """A file could not be written: its folder or file is read-only, the disk is full, or permission was denied."""
+    """A file could not be written: its folder or file is read-only, the disk is full, permission was denied..."""
 
 
 class UnknownRunError(StoreError, KeyError):
@@ -65,12 +65,10 @@ _WRITE_FAILURES = {
 }
 
 
-def write_error(path: Path, error: Exception) -> StoreError:
-    """The StoreError of one line for a failure to write `path`: why, where the system said why."""
+def write_error(path: Path, error: Exception) -> StoreWriteError:
+    """The error of one line for a failure to write `path`: why, as the system said it."""
     message = str(error)
-    reason = next((why for said, why in _WRITE_FAILURES.items() if said in message), None)
-    if reason is None:
-        return StoreError(f"cannot write {path}: {first_line(message)}")
+    reason = next((why for said, why in _WRITE_FAILURES.items() if said in message), first_line(message))
     if reason == "permission denied" and path.parent.exists() and not os.access(path.parent, os.W_OK):
         reason = f"its folder {path.parent} is read-only"
     elif reason == "permission denied" and path.exists() and not os.access(path, os.W_OK):
