@@ -6,10 +6,11 @@ loop, or a peer decoder (specasr.peers) in their place -> one complete trace. Ta
 reference frames are kept for the next decode.
 """
 
+import warnings
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TypeVar
 
 import torch
 from torch import Tensor
@@ -21,26 +22,27 @@ from specasr.decode import Decoded, Origin, PhaseTimer, greedy, speculative
 from specasr.draft import Draft, resolve_draft
 from specasr.peers import Peer, load_peer
 from specasr.reference import ClipReference, align_tokens, check_reference_length, read_reference_file
+from specasr.store import Store, StoreError
 from specasr.targets import DTYPES, Target, load_target
 from specasr.trace import REFERENCE_SOURCES, Round, Segment, Settings, Trace, code_version
 from specasr.windows import RUNTIME_WINDOWS
 from specasr.words import normalize_for_alignment
 
-if TYPE_CHECKING:
-    from specasr.store import Store
+T = TypeVar("T")
 
 
 class Pipeline:
     """Decodes clips under any settings; loads each target, draft and aligner once, and makes a clip's reference
     frames once per target (kept in memory, and in the store when there is one)."""
 
-    def __init__(self, store: "Store | None" = None):
+    def __init__(self, store: Store | None = None):
         self.store = store
         self._targets: dict[tuple, Target] = {}
         self._drafts: dict[tuple, tuple[Draft, str, str]] = {}  # the draft, its name and its weights hash
         self._aligners: dict[str, Aligner] = {}
         self._peers: dict[tuple, Peer] = {}
         self._references: dict[tuple, ClipReference] = {}
+        self._reference_cache_failed = False
         self._captured: dict = {}  # the loops' captured steps (CUDA graphs), kept across segments and clips
 
     def target(self, settings: Settings) -> Target:
@@ -217,13 +219,24 @@ class Pipeline:
         key = (clip.hash, settings.target, settings.device, settings.dtype, settings.aligner)
         if key in self._references:
             return self._references[key]
-        found = self.store.reference(*key) if self.store else None
+        found = self._reference_cache(lambda store: store.reference(*key))
         if found is None:
             found = self._align(clip, settings, windows, memories)
-            if self.store:
-                self.store.save_reference(*key, found)
+            self._reference_cache(lambda store: store.save_reference(*key, found))
         self._references[key] = found
         return found
+
+    def _reference_cache(self, use: Callable[[Store], T]) -> T | None:
+        """`use(store)` on the store's reference frames; a store that fails is warned of once and not asked again (the
+        frames are made anew: a cache is never worth a decode)."""
+        if self.store is None or self._reference_cache_failed:
+            return None
+        try:
+            return use(self.store)
+        except StoreError as error:
+            self._reference_cache_failed = True
+            warnings.warn(f"reference frames not cached in {self.store.path}: {error}", stacklevel=3)
+            return None
 
     def _align(self, clip: Clip, settings: Settings, windows, memories) -> ClipReference:
         target, aligner = self.target(settings), self.aligner(settings.aligner)

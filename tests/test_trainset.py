@@ -111,13 +111,13 @@ def test_train_speech_2_sources_never_hold_held_out_clips():
 
 
 def test_train_prepare_only_fills_the_cache_and_trains_nothing(made, monkeypatch, capsys, tmp_path):
-    from specasr import cli
+    from specasr.cli import main, train
 
     if not (TRAIN_SPEECH_2_DIR / "manifest.tsv").is_file():
         pytest.skip(f"training speech not found at {TRAIN_SPEECH_2_DIR}")
-    monkeypatch.setattr(cli, "load_target", lambda name, device, dtype: FakeTarget())
+    monkeypatch.setattr(train, "load_target", lambda name, device, dtype: FakeTarget())
     argv = ["train", "--prepare-only", "--real", "2", "--real-2", "3", "--espeak", "0", "--hibari", "0"]
-    assert cli.main([*argv, "--out", str(tmp_path / "draft")]) == 0
+    assert main([*argv, "--out", str(tmp_path / "draft")]) == 0
     assert capsys.readouterr().out.strip() == "feature cache ready: 5 examples from 5 clips"
     assert len(made) == 5 and not (tmp_path / "draft").exists()
     assert {p.name.rsplit("-", 1)[0] for p in (tmp_path / "train" / FakeTarget.name).iterdir()} == {

@@ -1,0 +1,60 @@
+"""python -m specasr COMMAND ...: one module per command, each with add_parser(commands) and run(args); the options
+they share, and the one way options become Settings, in options.py; how a result gets out before the store keeps it,
+in output.py."""
+
+import argparse
+import sys
+
+from specasr.align import AlignerUnavailableError, AlignmentError
+from specasr.audio import AudioError
+from specasr.cli import (
+    align,
+    bench,
+    decode,
+    drafts,
+    evaluate,
+    experiment,
+    matched,
+    precision,
+    profile,
+    runs,
+    train,
+    transcribe,
+)
+from specasr.cli.options import UsageError
+from specasr.draft import DraftMismatchError
+from specasr.store import StoreError
+from specasr.targets import TargetUnavailableError
+
+DESCRIPTION = "transcribe, decode, align, eval, bench, profile, precision, experiment, matched, runs, train, drafts"
+COMMANDS = (transcribe, evaluate, decode, align, runs, experiment, matched, train, drafts, profile, precision, bench)
+
+USER_ERRORS = (
+    AudioError,
+    TargetUnavailableError,
+    DraftMismatchError,
+    AlignmentError,
+    AlignerUnavailableError,
+    FileNotFoundError,
+    StoreError,
+    UsageError,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m specasr", description=DESCRIPTION)
+    commands = parser.add_subparsers(dest="command", required=True)
+    for command in COMMANDS:
+        command.add_parser(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command: status 0; 1 where its result is out but a copy of it was not kept (output.py) or, for runs
+    doctor, orphans were found; 2 for a user error, told in one line."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args) or 0
+    except USER_ERRORS as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2

@@ -1,0 +1,35 @@
+"""eval: the target's greedy word error rate and real-time factor on a speech set."""
+
+import argparse
+from pathlib import Path
+
+from tqdm import tqdm
+
+from specasr.cli.options import add_clip_options, checked, settings
+from specasr.dataset import DEFAULT_SPEECH_DIR, load_manifest
+from specasr.metrics import word_error_rate
+from specasr.pipeline import Pipeline
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser("eval", help="greedy WER of a target on a speech set (manifest.tsv)")
+    p.add_argument("--speech-dir", type=Path, default=DEFAULT_SPEECH_DIR)
+    p.add_argument("--limit", type=int, default=None, help="only the first N utterances")
+    add_clip_options(p)
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> None:
+    utterances = load_manifest(args.speech_dir)[: args.limit]
+    pipeline, greedy = Pipeline(), settings(args, verify_peaks=False)
+    traces = [
+        checked(pipeline.decode, clip=u.clip(args.max_seconds), settings=greedy)
+        for u in tqdm(utterances, desc=f"greedy {args.target}", unit="utt")
+    ]
+    wer = word_error_rate([u.text for u in utterances], [t.text for t in traces])
+    seconds = sum(t.timings.total for t in traces)
+    audio_seconds = sum(u.duration for u in utterances)
+    print(f"{args.target} {args.device} {args.dtype}: WER {100 * wer:.2f}% on {len(utterances)} utterances")
+    print(
+        f"{seconds:.1f} s to transcribe {audio_seconds:.1f} s of audio (real-time factor {seconds / audio_seconds:.3f})"
+    )

@@ -1,0 +1,94 @@
+"""experiment: a grid of drafts x windows x K x thresholds, timed and kept in the store, and the paper's tables; the
+tables are printed (and written to --out) whatever the store does."""
+
+import argparse
+import json
+
+from specasr.cli.options import (
+    add_clip_options,
+    add_data_options,
+    add_out_options,
+    add_speculative_options,
+    add_store_options,
+    checked,
+    drafts,
+    evaluation_clips,
+    out_file,
+    settings,
+)
+from specasr.cli.output import Report, json_value, records
+from specasr.experiments import PROTOCOL, REPEATS, Grid, run_grid
+from specasr.intervals import aa_warning
+from specasr.pipeline import Pipeline
+from specasr.report import AGGREGATION, repetition_note, tables
+from specasr.store import Store
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser("experiment", help="a grid of drafts x windows x K x thresholds, kept in the store")
+    add_data_options(p, sets=True)
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=REPEATS,
+        help=f"timing repetitions per clip, interleaved; speed intervals resample them (under {REPEATS}: a warning)",
+    )
+    add_clip_options(p)
+    add_speculative_options(p, several_drafts=True, grid=True)
+    add_store_options(p, optional=False)
+    add_out_options(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object with cells and contrasts")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    report, grid = Report(out_file(args)), _grid(args)
+    clips, sets = evaluation_clips(args)
+    store = Store(args.db)  # the grid reuses runs it holds: one that will not open stops the grid before any work
+    runs = run_grid(Pipeline(store), store, grid, clips, args.repeats)
+    found = tables(store, runs, sets)
+    aggregation = f"{sets.rule}; {AGGREGATION}"
+    best = found.cells.loc[found.cells.decode_speedup.idxmax()]
+    warnings = {"aa_warning": aa_warning(found.aa), "timing_note": repetition_note(args.repeats)}
+    if args.json:
+        record = {"protocol": PROTOCOL, "aggregation": aggregation, "baseline_run": runs.baseline}
+        record["peaks_run"] = runs.peaks
+        record |= {"second_baseline_run": runs.second_baseline, "repeats": args.repeats} | warnings
+        record |= {name: records(table) for name, table in vars(found).items()}
+        report.print(json.dumps(record | {"best_run": best.run_id}, default=json_value))
+        report.save()
+        return int(report.failed)
+    report.print(f"{args.target} on {len(clips)} clips of {args.data} x {args.repeats} repeats")
+    report.print(f"greedy run {runs.baseline}, verification-peaks run {runs.peaks}")
+    report.print(f"protocol: {PROTOCOL}\n{aggregation}")
+    for title, table, number_format in (
+        ("Cells (Tables 1, 2, 3, 6)", found.cells.drop(columns="s"), "%.3f"),
+        ("Contrasts, b-a (Tables 1, 2, 3, 6, 16)", found.contrasts, "%+.3f"),
+        ("Attention peaks vs reference frames (Table 7)", found.peaks, "%.3f"),
+        ("Restart anchor error by proposal outcome, ms (Table 10)", found.outcomes, "%.3f"),
+        ("Runtime correction vs the unrestricted loop (Table 16)", found.runtime, "%.3f"),
+        ("K and threshold sweep (Table 21)", found.sweep, "%.3f"),
+        ("Cells, set by set (Tables 1, 6)", found.cells_by_set.drop(columns="s", errors="ignore"), "%.3f"),
+        ("Restart anchor error by outcome, set by set (Table 10)", found.outcomes_by_set, "%.3f"),
+        ("Runtime correction, set by set (Table 16)", found.runtime_by_set, "%.3f"),
+        (f"A/A check: greedy over its second copy (run {runs.second_baseline})", found.aa, "%.3f"),
+    ):
+        if len(table):
+            report.print(f"\n{title}\n{table.to_string(index=False, float_format=number_format)}")
+    report.print(
+        f"\nfastest cell: {best.draft} {best.window} K={best.k} threshold={best.threshold:g}, "
+        f"decode speedup {best.decode_speedup:.3f}x [{best.decode_speedup_low:.3f}, {best.decode_speedup_high:.3f}]"
+    )
+    report.warn(*warnings.values())
+    report.save()
+    return int(report.failed)
+
+
+def _grid(args: argparse.Namespace) -> Grid:
+    """The grid, every cell checked before any work. Its base is its first cell: each cell, the baseline and the
+    peaks pass replace the draft, the axes and the reference."""
+    names = drafts(args)
+    first = settings(args, names[0], window=args.window[0], k=args.k[0], threshold=args.threshold[0])
+    grid = Grid(first, tuple(names), args.window, args.k, args.threshold)
+    checked(grid.cells)
+    return grid

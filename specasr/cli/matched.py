@@ -1,0 +1,69 @@
+"""matched: every window from the same rounds, followed through K depths (Table 12)."""
+
+import argparse
+import json
+import sys
+
+import pandas as pd
+
+from specasr.cli.options import (
+    add_aligner_option,
+    add_clip_options,
+    add_data_options,
+    add_draft_options,
+    add_store_options,
+    add_window_options,
+    drafts,
+    evaluation_clips,
+    listed,
+    settings,
+)
+from specasr.cli.output import RunStore, json_value, records
+from specasr.matched import AGGREGATION, STARTS, matched_tables, run_matched
+from specasr.pipeline import Pipeline
+from specasr.windows import WINDOWS
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser("matched", help="every window from the same rounds, followed through K depths (Table 12)")
+    add_data_options(p, sets=True)
+    add_clip_options(p)
+    add_draft_options(p, several=True)
+    p.add_argument("--k", type=int, default=4, help="depths followed from each round start")
+    p.add_argument(
+        "--window", type=listed(str, WINDOWS), default=("unrestricted", "correct", "shift"), help=", ".join(WINDOWS)
+    )
+    add_window_options(p)
+    add_aligner_option(p)
+    p.add_argument(
+        "--starts", default="loop", choices=list(STARTS), help="; ".join(f"{k}: {v}" for k, v in STARTS.items())
+    )
+    add_store_options(p, optional=False)
+    p.add_argument("--json", action="store_true", help="print one JSON object with every table")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> None:
+    names = drafts(args)
+    cells = [settings(args, names[0], window=window) for window in args.window]  # every window checked before work
+    clips, sets = evaluation_clips(args)
+    cache = RunStore(args.db)  # the reference-frame cache; the command stores no runs
+    conditions = run_matched(Pipeline(cache.store), cells[0], names, list(args.window), clips, sets, args.starts)
+    if cache.failure is not None:
+        print(f"warning: reference frames not cached in {cache.path}: {cache.failure}", file=sys.stderr)
+    found = matched_tables(conditions, args.starts)
+    aggregation = f"{sets.rule}; {AGGREGATION}"
+    if args.json:
+        record = {"protocol": found.protocol, "aggregation": aggregation}
+        record |= {name: records(table) for name, table in vars(found).items() if isinstance(table, pd.DataFrame)}
+        print(json.dumps(record, default=json_value))
+        return
+    print(f"{args.target} on {len(clips)} clips of {args.data}, K={args.k}\nprotocol: {found.protocol}\n{aggregation}")
+    for title, table, number_format in (
+        ("Each condition", found.summary, "%.3f"),
+        ("Drift by depth (Table 12): anchor error in frames, survival, conditional acceptance", found.depths, "%.3f"),
+        ("Paired contrasts, b-a, same rounds", found.contrasts, "%+.3f"),
+        ("Anchor error by outcome and depth, frames; odds of an error over 200 ms (Table 12)", found.outcomes, "%.3f"),
+    ):
+        if len(table):
+            print(f"\n{title}\n{table.to_string(index=False, float_format=number_format)}")

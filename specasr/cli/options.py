@@ -1,0 +1,241 @@
+"""The options commands share, checked where they are parsed, and the one way they become Settings."""
+
+import argparse
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+import torch
+
+from specasr.align import ALIGNERS
+from specasr.audio import DEFAULT_MAX_SECONDS, Clip, clip_ids, load_audio
+from specasr.dataset import DEFAULT_SPEECH_DIR, load_utterances, spread
+from specasr.draft import shipped_drafts
+from specasr.pooled import MIN_SET_CLIPS, Weighting, weighting
+from specasr.store import default_db_path
+from specasr.targets import BUILTIN_TARGETS, DTYPES
+from specasr.trace import Settings
+from specasr.windows import WINDOWS
+
+# Settings fields a speculative decode takes from options of the same name.
+SPECULATIVE_FIELDS = (
+    "draft_dtype",
+    "k",
+    "window",
+    "half_width_ms",
+    "runtime_layer",
+    "threshold",
+    "reference",
+    "aligner",
+)
+
+T = TypeVar("T")
+
+
+class UsageError(ValueError):
+    """A command-line value that cannot be used as given."""
+
+
+def checked(make: Callable[..., T], **values) -> T:
+    """`make(**values)`, its ValueError (a record refusing a value) a UsageError."""
+    try:
+        return make(**values)
+    except ValueError as error:
+        raise UsageError(str(error)) from error
+
+
+# Option types: each refuses a value argparse would accept, with one message naming what is allowed
+
+
+def layers(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(layer) for layer in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected layer numbers separated by commas, got {text!r}") from None
+
+
+def listed(kind: type, choices: Sequence | None = None) -> Callable[[str], tuple]:
+    def parse(text: str) -> tuple:
+        try:
+            values = tuple(kind(value) for value in text.split(","))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected {kind.__name__} values separated by commas, got {text!r}"
+            ) from None
+        unknown = [v for v in values if choices is not None and v not in choices]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown {', '.join(unknown)}; choose from {', '.join(choices)}")
+        return values
+
+    return parse
+
+
+def device(text: str) -> str:
+    try:
+        found = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"unknown device {text!r}; use cpu, cuda or cuda:N") from None
+    if found.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"specasr decodes on cpu or cuda, not {found.type}")
+    if found.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError("no CUDA device here (torch sees none); use cpu")
+    return text
+
+
+def store_path(text: str) -> Path:
+    """A store file whose folder exists (the default store's folder is made when it is opened)."""
+    path = Path(text)
+    if path != default_db_path() and not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{path.parent} does not exist: create it first, or give a path in a folder")
+    return path
+
+
+def out_file(args: argparse.Namespace) -> Path | None:
+    """--out, checked before any work: in a folder that exists, and not over a file unless --force."""
+    path = args.out
+    if path is None:
+        return None
+    if not path.parent.is_dir():
+        raise UsageError(f"--out: {path.parent} does not exist: create it first")
+    if path.is_dir():
+        raise UsageError(f"--out: {path} is a folder; give a file")
+    if path.exists() and not args.force:
+        raise UsageError(f"--out: {path} exists; give --force to replace it")
+    return path
+
+
+# Option groups
+
+
+def add_target_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--target", default="whisper-tiny.en", help=f"{' | '.join(BUILTIN_TARGETS)} | local folder | hub id"
+    )
+    parser.add_argument("--device", default="cpu", type=device, help="cpu | cuda | cuda:N")
+    parser.add_argument("--dtype", default="float32", choices=list(DTYPES))
+
+
+def add_clip_options(parser: argparse.ArgumentParser) -> None:
+    add_target_options(parser)
+    parser.add_argument(
+        "--eager", action="store_true", help="run every decoding step from the host (on CUDA: no captured graphs)"
+    )
+    parser.add_argument(
+        "--max-seconds", type=float, default=DEFAULT_MAX_SECONDS, help="longest clip accepted (decoded in 30 s windows)"
+    )
+
+
+def add_aligner_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--aligner", default="pocketsphinx", choices=list(ALIGNERS))
+
+
+def add_draft_options(parser: argparse.ArgumentParser, several: bool = False) -> None:
+    """several: --draft may be repeated, and `shipped` names every shipped draft of the target."""
+    about = "a shipped draft (python -m specasr drafts), a folder, random, or random-no-audio"
+    if several:
+        about += "; shipped: every shipped draft of the target"
+        parser.add_argument("--draft", action="append", help=about + "; repeat it to compare drafts (default: random)")
+    else:
+        parser.add_argument("--draft", default="random", help=about)
+    parser.add_argument(
+        "--draft-dtype", default=None, choices=list(DTYPES), help="the draft's precision (default: the target's)"
+    )
+
+
+def add_window_options(parser: argparse.ArgumentParser) -> None:
+    """The window's width and the runtime window's layer; the window itself is each command's own option."""
+    parser.add_argument("--half-width-ms", type=float, default=400.0)
+    parser.add_argument("--runtime-layer", type=int, default=None, help="target layer (0-based) for runtime windows")
+
+
+def add_speculative_options(parser: argparse.ArgumentParser, several_drafts: bool = False, grid: bool = False) -> None:
+    """grid: --window, --k and --threshold take comma-separated lists, the axes of an experiment."""
+    add_draft_options(parser, several_drafts)
+    if grid or several_drafts:
+        parser.add_argument("--k", type=listed(int), default=(4,), help="proposals per round, e.g. 2,4,8")
+    else:
+        parser.add_argument("--k", type=int, default=4, help="most draft proposals per round")
+    if grid:
+        parser.add_argument("--window", type=listed(str), default=("unrestricted",), help=", ".join(WINDOWS))
+        parser.add_argument(
+            "--threshold", type=listed(float), default=(0.0,), help="draft confidence stops, e.g. 0,0.3"
+        )
+    else:
+        parser.add_argument("--window", default="unrestricted", choices=WINDOWS)
+        parser.add_argument("--threshold", type=float, default=0.0, help="stop proposing below this draft confidence")
+    add_window_options(parser)
+    parser.add_argument(
+        "--reference",
+        default="auto",
+        help="reference frames: auto (aligned when the window needs them), always, never, or a JSON file "
+        "with one frame per transcript token",
+    )
+    add_aligner_option(parser)
+
+
+def add_store_options(parser: argparse.ArgumentParser, optional: bool = True) -> None:
+    parser.add_argument(
+        "--db", type=store_path, default=None, help=f"run store (default {default_db_path()}, or $SPECASR_DB)"
+    )
+    if optional:
+        parser.add_argument("--no-store", action="store_true", help="do not keep this run in the store")
+
+
+def add_out_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=Path, default=None, help="also write what is printed to this file")
+    parser.add_argument("--force", action="store_true", help="replace the --out file if it exists")
+
+
+def add_data_options(parser: argparse.ArgumentParser, sets: bool = False) -> None:
+    """--data and --clips; sets: --min-set-clips, for commands that weight evaluation sets."""
+    parser.add_argument(
+        "--data",
+        default=DEFAULT_SPEECH_DIR,
+        help="a manifest.tsv or its folder; heldout: the held-out clips of ../shared/data/train-speech-2",
+    )
+    parser.add_argument("--clips", type=int, default=20, help="N clips spread evenly over the manifest")
+    if sets:
+        parser.add_argument(
+            "--min-set-clips",
+            type=int,
+            default=MIN_SET_CLIPS,
+            help="evaluation sets smaller than this are merged into one, or every metric pooled over all clips",
+        )
+
+
+# From options to what commands decode
+
+
+def settings(args: argparse.Namespace, draft: str | None = None, **chosen) -> Settings:
+    """The Settings of every command: the target's options and, where `draft` names a draft (None: greedy), the
+    speculative options the command has; `chosen` stands in for options that hold several values (one K of a
+    bench's, a grid's cell) or that a command sets itself."""
+    values = {"target": args.target, "device": args.device, "dtype": args.dtype, "max_seconds": args.max_seconds}
+    values["graphs"] = not args.eager
+    if draft is not None:
+        values |= {name: getattr(args, name) for name in SPECULATIVE_FIELDS if hasattr(args, name)} | {"draft": draft}
+    return checked(Settings, **(values | chosen))
+
+
+def drafts(args: argparse.Namespace) -> list[str]:
+    """The drafts a repeatable --draft names (default: random), `shipped` expanded to every shipped draft."""
+    names = []
+    for draft in args.draft or ["random"]:
+        shipped = shipped_drafts(args.target) if draft == "shipped" else [draft]
+        if not shipped:
+            raise UsageError(f"no shipped drafts for {args.target} (python -m specasr drafts)")
+        names += shipped
+    return names
+
+
+def clip(path: str, args: argparse.Namespace) -> Clip:
+    (clip_id,) = clip_ids([path])
+    return Clip(clip_id, load_audio(path, args.max_seconds), path=str(Path(path).resolve()))
+
+
+def evaluation_clips(args: argparse.Namespace) -> tuple[list[Clip], Weighting]:
+    """--clips clips spread over --data, and how their evaluation sets are weighted."""
+    utterances = spread(load_utterances(args.data), args.clips)
+    clips = [u.clip(args.max_seconds) for u in utterances]
+    sets = {clip.hash: u.subset for clip, u in zip(clips, utterances, strict=True)}
+    return clips, weighting(sets, args.min_set_clips)

@@ -1,0 +1,33 @@
+"""profile: where a round's time goes, pass by pass."""
+
+import argparse
+import json
+
+from specasr.cli.options import add_clip_options, add_speculative_options, clip, settings
+from specasr.cli.output import records
+from specasr.pipeline import Pipeline
+from specasr.profiling import profile_round
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser("profile", help="where a round's time goes: target step, verification and draft step")
+    p.add_argument("audio")
+    p.add_argument("--repeats", type=int, default=50)
+    p.add_argument("--json", action="store_true", help="print the table as a JSON list of rows")
+    add_clip_options(p)
+    add_speculative_options(p)
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> None:
+    asked, profiled, pipeline = settings(args, args.draft), clip(args.audio, args), Pipeline()
+    target, draft = pipeline.target(asked), pipeline.draft(asked)
+    audio = profiled.audio[: target.window_samples]
+    memory = target.encode(target.features(audio))
+    table = profile_round(target, draft, memory, target.valid_frames(len(audio)), asked.k, args.repeats)
+    if args.json:
+        print(json.dumps(records(table)))
+        return
+    print(f"{profiled.id}: {asked.target} {asked.device} {asked.dtype}, draft {draft.name} {draft.dtype}")
+    print("ms: median time of a pass; target_steps: in target steps of one row; the rest: shares of the ops' own time")
+    print(table.to_string(index=False, float_format="%.3f"))

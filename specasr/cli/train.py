@@ -1,0 +1,88 @@
+"""train: a draft (control, anchordraft or no-audio) for a target, on real and synthetic speech."""
+
+import argparse
+from pathlib import Path
+
+import torch.distributed as dist
+
+from specasr.align import get_aligner
+from specasr.cache import cache_dir
+from specasr.cli.options import add_aligner_option, add_target_options, checked, layers
+from specasr.targets import load_target
+from specasr.train import INITS, VARIANTS, TrainConfig, distributed, train
+from specasr.trainset import data_hash, prepare_examples, training_sources
+
+# TrainConfig fields set by options of the same name
+CONFIG_FIELDS = (
+    "variant",
+    "epochs",
+    "batch_size",
+    "lr",
+    "unroll",
+    "taps",
+    "ffn_dim",
+    "draft_vocab",
+    "init",
+    "feature_noise",
+    "anchor_weight",
+    "sigma_ms",
+    "seed",
+)
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser("train", help="train a draft (control, anchordraft or no-audio) for a target")
+    add_target_options(p)
+    p.add_argument("--variant", default="anchordraft", choices=list(VARIANTS))
+    p.add_argument("--epochs", type=int, default=20)
+    p.add_argument("--batch-size", type=int, default=12)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--unroll", type=int, default=3, help="draft depths trained per position")
+    p.add_argument("--taps", type=layers, default=None, help="target layers the draft reads, e.g. 3,6")
+    p.add_argument("--ffn-dim", type=int, default=None, help="draft feed-forward width (default: the target's)")
+    p.add_argument("--draft-vocab", type=int, default=4096, help="reduced draft vocabulary size; 0 for the full one")
+    p.add_argument(
+        "--init", default="random", choices=INITS, help="target-layer: start as the target's last decoder layer"
+    )
+    p.add_argument("--sigma-ms", type=float, default=400.0, help="width of the anchor loss's Gaussian target")
+    p.add_argument("--anchor-weight", type=float, default=None, help="lambda (default: 0.1 anchordraft, 0 control)")
+    p.add_argument("--feature-noise", type=float, default=0.6, help="input-feature noise, in feature stds")
+    p.add_argument("--real", type=int, default=251, help="clips of ../shared/data/train-speech")
+    p.add_argument(
+        "--real-2", type=int, default=0, help="clips of ../shared/data/train-speech-2 (its held-out clips never)"
+    )
+    p.add_argument("--espeak", type=int, default=400, help="espeak-ng sentences from ../shared/data/text")
+    p.add_argument("--hibari", type=int, default=200, help="hibari-tts sentences from ../shared/data/text")
+    add_aligner_option(p)
+    p.add_argument("--seed", type=int, default=0, help="the draft's initialisation, batch order and feature noise")
+    p.add_argument(
+        "--data-seed", type=int, default=0, help="which clips and sentences: drafts of one data seed share a cache"
+    )
+    p.add_argument("--out", type=Path, default=None, help="default: cache/drafts/TARGET/VARIANT")
+    p.add_argument(
+        "--every-epoch", action="store_true", help="also keep each epoch's draft in OUT/epoch-N (choose where to stop)"
+    )
+    p.add_argument("--prepare-only", action="store_true", help="build the feature cache and stop")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> None:
+    config = checked(TrainConfig, **{name: getattr(args, name) for name in CONFIG_FIELDS})
+    aligner = get_aligner(args.aligner)
+    target = load_target(args.target, args.device, args.dtype)
+    sources = training_sources(args.real, args.real_2, args.espeak, args.hibari, args.data_seed)
+    rank, _ = distributed()
+    if rank == 0:  # one process fills the feature cache; under torchrun the others wait, then read it
+        examples = prepare_examples(target, sources, aligner)
+    if dist.is_initialized():
+        dist.barrier()
+    if rank != 0:
+        examples = prepare_examples(target, sources, aligner)
+    if args.prepare_only:
+        print(f"feature cache ready: {len(examples)} examples from {sum(s.count for s in sources)} clips")
+        return
+    out = args.out or cache_dir() / "drafts" / target.folder_name / config.variant
+    described = {source.name: {**source.settings, "count": source.count} for source in sources}
+    draft = train(target, examples, config, out, data_hash(examples), described, args.every_epoch)
+    if rank == 0:
+        print(f"{draft.name} trained on {len(examples)} examples; saved in {out}")
