@@ -5,6 +5,7 @@ import json
 import tempfile
 import zipfile
 from dataclasses import asdict
+from pathlib import Path
 
 import pandas as pd
 import streamlit as st
@@ -60,10 +61,11 @@ st.caption(f"Shareable: add ?run={run_id} to the Live decode or Drift page's add
 
 
 def exported(run_id: str) -> tuple[bytes, bytes]:
-    """The run's tables exported once, zipped as Parquet and as CSV."""
+    """The run's tables exported once, zipped as Parquet (with the export's manifest, for `runs import`) and as
+    CSV."""
     with tempfile.TemporaryDirectory() as folder:
         paths = export_runs(store, [run_id], folder)
-        parquet = _zip({path.name: path.read_bytes() for path in paths})
+        parquet = _zip({path.name: path.read_bytes() for path in sorted(Path(folder).iterdir())})
         csv = _zip(
             {path.with_suffix(".csv").name: pd.read_parquet(path).to_csv(index=False).encode() for path in paths}
         )
