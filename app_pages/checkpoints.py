@@ -11,20 +11,11 @@ from specasr.cache import cache_dir
 from specasr.compare import COLUMNS, DIFFERENCE, Comparison, compare, compare_runs
 from specasr.dataset import load_manifest, spread
 from specasr.draft import shipped_drafts
-from specasr.experiments import (
-    AGGREGATION,
-    REPEATS,
-    Grid,
-    GridRuns,
-    Weighting,
-    draft_label,
-    repetition_note,
-    run_grid,
-    tables,
-    weighting,
-)
+from specasr.experiments import REPEATS, Grid, GridRuns, draft_label, run_grid
 from specasr.intervals import aa_warning
 from specasr.metrics import depth_profile
+from specasr.pooled import Weighting, weighting
+from specasr.report import AGGREGATION, repetition_note, tables
 from specasr.trace import Trace
 from specasr.views import depth_figure
 

@@ -4,8 +4,9 @@ verification passes) speeds decoding up when dL / (1 + L) > dC / (1 + K rho) (pa
 import streamlit as st
 
 import widgets
-from specasr.experiments import stored_grid, tables
+from specasr.experiments import stored_grid
 from specasr.metrics import acceptance, correction_pays, predicted_speed_change, rho
+from specasr.report import tables
 from specasr.targets import BUILTIN_TARGETS
 from specasr.views import cost_rule_figure
 

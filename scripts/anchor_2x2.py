@@ -17,9 +17,9 @@ from pathlib import Path
 import pandas as pd
 
 from specasr.dataset import DEFAULT_SPEECH_DIR, load_manifest, spread
-from specasr.experiments import weighting
 from specasr.matched import contrast_table, depth_table, run_matched, summary_table
 from specasr.pipeline import Pipeline
+from specasr.pooled import weighting
 from specasr.store import Store
 from specasr.trace import Settings
 

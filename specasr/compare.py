@@ -2,7 +2,7 @@
 
 Runs A and B are paired by clip, each clip's first repeat in each run, and every metric is reported as A - B on the
 clips both decoded, with a paired bootstrap interval: acceptance (a1, a2c, L), and speed where a greedy baseline was
-timed beside both runs, through experiments.contrast, as every experiment table takes them; the word error rate as
+timed beside both runs, through pooled.contrast, as every experiment table takes them; the word error rate as
 total edits over total reference words, resampled the same way; the median anchor error over the draft steps of all
 clips. A single shared clip has no interval: every bootstrap draw would take that clip again.
 """
@@ -14,7 +14,9 @@ import numpy as np
 import pandas as pd
 
 from specasr.dataset import evaluation_set
-from specasr.experiments import (
+from specasr.intervals import Interval, bootstrap, pooled_bootstrap, pooled_estimate
+from specasr.metrics import normalize_text, word_error_rate
+from specasr.pooled import (
     DRAWS,
     METRICS,
     SEED,
@@ -27,8 +29,6 @@ from specasr.experiments import (
     contrast,
     weighting,
 )
-from specasr.intervals import Interval, bootstrap, pooled_bootstrap, pooled_estimate
-from specasr.metrics import normalize_text, word_error_rate
 from specasr.store import Store
 from specasr.trace import Trace
 
@@ -60,7 +60,7 @@ class Comparison:
 
     pairs: list[tuple[Trace, Trace]]  # each shared clip's first repeat in A and in B, in A's (or the baseline's) order
     differences: list[Difference]
-    rule: str  # how the clips were weighted over evaluation sets (experiments.weighting)
+    rule: str  # how the clips were weighted over evaluation sets (pooled.weighting)
 
     @property
     def clips(self) -> int:

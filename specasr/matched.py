@@ -20,10 +20,11 @@ from tqdm import tqdm
 
 from specasr.audio import Clip
 from specasr.draft import Draft
-from specasr.experiments import DRAWS, LARGE_ERROR_MS, METRICS, SEED, Weighting, draft_label, survival
+from specasr.experiments import draft_label
 from specasr.intervals import Interval, pooled_bootstrap
 from specasr.metrics import odds_ratio, outcome_counts
 from specasr.pipeline import Pipeline
+from specasr.pooled import DRAWS, LARGE_ERROR_MS, METRICS, SEED, Weighting, survival
 from specasr.targets import Target
 from specasr.targets.base import audio_peaks
 from specasr.trace import Settings

@@ -9,8 +9,9 @@ from test_experiments import hand_grid, hand_trace  # noqa: F401 (hand_grid: a f
 from test_store import SPECULATIVE, greedy_trace, speculative_trace
 
 from specasr.compare import DIFFERENCE, NO_INTERVAL, NoSharedClipError, Word, compare, compare_runs, word_diff
-from specasr.experiments import COMMAND, tables
+from specasr.experiments import COMMAND
 from specasr.metrics import word_error_rate
+from specasr.report import tables
 from specasr.store import Store
 
 OTHER = replace(SPECULATIVE, draft="other-draft")

@@ -9,20 +9,12 @@ import pytest
 
 from specasr.cli import main
 from specasr.dataset import evaluation_set, load_manifest
-from specasr.experiments import (
-    COMMAND,
-    Grid,
-    GridRuns,
-    clip_results,
-    contrasts,
-    run_grid,
-    stored_grid,
-    tables,
-    weighting,
-)
+from specasr.experiments import COMMAND, Grid, GridRuns, run_grid, stored_grid
 from specasr.intervals import bootstrap, pooled_bootstrap
 from specasr.pipeline import Pipeline
-from specasr.store import Store
+from specasr.pooled import clip_results, weighting
+from specasr.report import contrasts, tables
+from specasr.store import Store, StoreError
 from specasr.trace import DraftStep, Round, Settings, Timings, Trace, VerifiedToken
 
 BASE = Settings(target="whisper-tiny.en")
@@ -347,6 +339,32 @@ def test_a_grid_runs_once_and_resumes_without_duplicates(sample_clips, tmp_path)
     )
     peaks = store.traces(runs.peaks)
     assert all(t.verified and t.reference_frames for t in peaks)  # every layer's verification peak, per token
+
+
+def test_a_grid_the_store_refuses_keeps_its_decodes_and_tables(sample_clips, tmp_path, monkeypatch):
+    store = Store(tmp_path / "runs.duckdb")
+    clips = [sample_clips[0].clip()]
+    first = run_grid(Pipeline(store), store, Grid(BASE, ("random",), ("unrestricted",), (2,)), clips, repeats=1)
+    assert first.not_stored == [] and None not in (first.baseline, first.peaks, *first.cells.values())
+    held = store.runs().run_id.tolist()
+
+    def refuse(*args, **kwargs):
+        raise StoreError(f"{store.path} is busy: another process is writing to it\n(waited 60 s)")
+
+    monkeypatch.setattr(store, "write_runs", refuse)
+    grid = Grid(BASE, ("random",), ("unrestricted", "correct"), (2,))
+    runs = run_grid(Pipeline(store), store, grid, clips, repeats=1)
+    assert runs.not_stored == [
+        f"4 runs of the grid (the baseline, its copy and 2 cells) not stored: {store.path} is busy: another process "
+        "is writing to it (waited 60 s)"
+    ]
+    assert (runs.baseline, runs.second_baseline, set(runs.cells.values())) == (None, None, {None})
+    assert runs.peaks == first.peaks and store.runs().run_id.tolist() == held  # the peaks pass reused, none written
+    found = tables(store, runs)
+    assert len(found.cells) == 2 and found.cells.run_id.isna().all() and (found.cells.lossless_clips == 1).all()
+    assert found.cells.window.tolist() == ["unrestricted", "correct"]
+    assert found.peaks.source.str.endswith("verification").sum() == 4  # read back from the stored peaks pass
+    assert found.aa.phase.tolist() == ["decode", "total"]
 
 
 def _rows(store: Store, table: str) -> int:

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from test_experiments import BASE, hand_trace, peaks_trace
 
-from specasr.experiments import COMMAND, GridRuns, repetition_note, stored_grid, tables
+from specasr.experiments import COMMAND, GridRuns, stored_grid
 from specasr.intervals import Interval, aa_table, aa_warning, pooled_bootstrap, pooled_estimate, timed_ratio
+from specasr.report import repetition_note, tables
 from specasr.store import Store
 
 

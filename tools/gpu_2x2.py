@@ -23,10 +23,10 @@ from tqdm import tqdm
 from specasr.audio import load_audio
 from specasr.dataset import load_manifest
 from specasr.draft import last_target_layer, load_draft
-from specasr.experiments import METRICS
 from specasr.intervals import pooled_estimate
 from specasr.matched import clip_columns, read_clip, roll_out, round_starts
 from specasr.pipeline import Pipeline
+from specasr.pooled import METRICS
 from specasr.targets import Target
 from specasr.trace import Settings
 from specasr.train import INITS, TrainConfig, train

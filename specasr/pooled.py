@@ -1,0 +1,218 @@
+"""A cell's clips next to the greedy baseline's, and the metrics pooled over them: acceptance and speed as ratios of
+sums over clips, weighted over evaluation sets, with paired bootstrap intervals.
+
+Aggregation as in the paper where the evaluation sets allow it: every metric is taken within each set and the sets
+are weighted equally, but only sets of at least MIN_SET_CLIPS clips count as sets of their own (`weighting`). Within
+a set, acceptance is pooled over the rounds of each cell's first repetition (every repetition decodes the same
+tokens) and speed is total time over total time of each clip's median over repetitions. Intervals are paired
+bootstrap percentile intervals: the same clips in both arms, clips resampled within their set, the sets themselves
+resampled where there are several, and for speed the repetitions of each drawn clip resampled too (the same ones in
+every arm, timed side by side), so that speed intervals hold run-to-run noise.
+"""
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from specasr.intervals import Interval, pooled_bootstrap, pooled_estimate
+from specasr.metrics import outcome_counts
+from specasr.trace import Trace
+
+MIN_SET_CLIPS = 20  # a smaller evaluation set is not weighted as a set of its own
+DRAWS = 10_000
+SEED = 0
+LARGE_ERROR_MS = 200.0
+
+
+@dataclass(frozen=True)
+class Weighting:
+    """How clips are grouped before their metrics are averaged: each clip's evaluation set, the set it is weighted
+    in, and the rule that made them."""
+
+    sets: dict[str, str]  # clip hash -> its evaluation set
+    groups: dict[str, str]  # clip hash -> the set whose metrics it counts in
+    rule: str  # in words, with each set's size
+
+
+def weighting(sets: dict[str, str], minimum: int = MIN_SET_CLIPS) -> Weighting:
+    """Evaluation sets (clip hash -> set) of at least `minimum` clips are weighted equally, and the clips of smaller
+    sets make one set more if together they reach `minimum`. Where they do not, or fewer than two sets would remain,
+    every metric is pooled over all clips: a set of a few clips weighted like one of dozens would carry the estimate
+    with next to no variance to show for it."""
+    sizes = Counter(sets.values())
+    large = sorted(name for name, n in sizes.items() if n >= minimum)
+    small = sorted(name for name, n in sizes.items() if n < minimum)
+    merged = sum(sizes[name] for name in small)
+    listed = ", ".join(f"{name} ({sizes[name]})" for name in large)
+    if len(large) + (merged >= minimum) < 2 or 0 < merged < minimum:
+        why = f"sets under {minimum} clips: {', '.join(small)} ({merged} clips)" if small else "one set"
+        return Weighting(sets, dict.fromkeys(sets, "all"), f"pooled over all {len(sets)} clips as one set ({why})")
+    if not small:
+        return Weighting(sets, sets, f"sets of at least {minimum} clips weighted equally: {listed}")
+    group = f"{len(small)} smaller sets"
+    rule = f"sets of at least {minimum} clips weighted equally: {listed}, {group} merged ({merged} clips)"
+    return Weighting(sets, {clip: group if name in small else name for clip, name in sets.items()}, rule)
+
+
+@dataclass(frozen=True)
+class ClipResult:
+    """One cell on one clip, next to the greedy baseline on the same clip."""
+
+    trace: Trace  # the first repetition
+    subset: str  # the clip's evaluation set
+    group: str  # the set it is weighted in (`weighting`)
+    decode: tuple[float, ...]  # seconds, repetition by repetition (the baseline's beside them: timed side by side)
+    total: tuple[float, ...]
+    greedy_decode: tuple[float, ...]
+    greedy_total: tuple[float, ...]
+    lossless: bool  # every repetition gave the greedy tokens
+
+
+def clip_results(baseline: list[Trace], traces: list[Trace], weights: Weighting | None = None) -> list[ClipResult]:
+    """A cell's clips in the baseline's order, each with its repetitions' timings and its sets (one set for all where
+    `weights` is not given)."""
+    cell = _by_clip(traces)
+    results = []
+    for clip_hash, greedy in _by_clip(baseline).items():
+        repeats = cell.get(clip_hash)
+        if repeats is None:
+            continue
+        results.append(
+            ClipResult(
+                trace=repeats[0],
+                subset=weights.sets[clip_hash] if weights else "all",
+                group=weights.groups[clip_hash] if weights else "all",
+                decode=_seconds(repeats, "decode"),
+                total=_seconds(repeats, "total"),
+                greedy_decode=_seconds(greedy, "decode"),
+                greedy_total=_seconds(greedy, "total"),
+                lossless=all(t.tokens == greedy[0].tokens for t in repeats),
+            )
+        )
+    return results
+
+
+def _seconds(repeats: list[Trace], phase: str) -> tuple[float, ...]:
+    return tuple(getattr(t.timings, phase) for t in repeats)
+
+
+def _by_clip(traces: list[Trace]) -> dict[str, list[Trace]]:
+    grouped: dict[str, list[Trace]] = {}
+    for trace in traces:
+        grouped.setdefault(trace.clip_hash, []).append(trace)
+    return grouped
+
+
+def clip_columns(results: list[ClipResult]) -> dict[str, np.ndarray]:
+    """Per clip (rows): its first repetition's rounds that survived each depth 0..K, its timings (TIMINGS: clips x
+    repetitions), and its restart proposals by outcome and anchor error (metrics.outcome_counts)."""
+    depths = range(max((r.trace.settings.k for r in results), default=0) + 1)
+    survivors = [[sum(round.accepted >= d for round in r.trace.rounds) for d in depths] for r in results]
+    timings = {name: [getattr(r, name) for r in results] for name in TIMINGS}
+    outcomes = [outcome_counts(*restart_errors(r.trace), LARGE_ERROR_MS) for r in results]
+    return {
+        "survivors": np.array(survivors, dtype=float),
+        "outcomes": np.array(outcomes, dtype=float).reshape(len(results), 4),
+        "rounds": np.array([len(r.trace.rounds) for r in results], dtype=float),
+        "proposed": np.array([sum(len(round.proposed) for round in r.trace.rounds) for r in results], dtype=float),
+        "draft": np.array([r.trace.draft_seconds for r in results]),
+        "verify": np.array([r.trace.verify_seconds for r in results]),
+    } | {name: np.array(v, dtype=float) for name, v in timings.items()}
+
+
+def restart_errors(trace: Trace) -> tuple[list[float], list[bool]]:
+    """The anchor error (ms) and outcome of every restart proposal whose draft peak and reference frame are known."""
+    restarts = [s for s in trace.steps if s.depth == 1 and None not in (s.draft_peak, s.reference_frame)]
+    frame_ms = trace.frame_seconds * 1000
+    return [abs(s.draft_peak - s.reference_frame) * frame_ms for s in restarts], [s.accepted for s in restarts]
+
+
+def _survivors(sums: dict[str, np.ndarray], depth: int) -> np.ndarray:
+    """Rounds that survived `depth`, summed over clips; NaN beyond K."""
+    survivors = sums["survivors"]
+    return survivors[..., depth] if depth < survivors.shape[-1] else np.full(survivors.shape[:-1], np.nan)
+
+
+def survival(depth: int) -> Callable[[dict[str, np.ndarray]], np.ndarray]:
+    return lambda sums: _survivors(sums, depth) / _survivors(sums, 0)
+
+
+# Each metric is a ratio of sums over clips (acceptance pooled over rounds, total time over total time), so that
+# a bootstrap can resample clips for all its draws at once (metrics.pooled_bootstrap); a clip's time is the median of
+# its repetitions.
+METRICS: dict[str, Callable[[dict[str, np.ndarray]], np.ndarray]] = {
+    "a1": survival(1),
+    "a2c": lambda sums: _survivors(sums, 2) / _survivors(sums, 1),
+    "L": lambda sums: sums["survivors"][..., 1:].sum(axis=-1) / _survivors(sums, 0),
+    "decode_speedup": lambda sums: sums["greedy_decode"] / sums["decode"],
+    "total_speedup": lambda sums: sums["greedy_total"] / sums["total"],
+}
+SPEEDS = ("decode_speedup", "total_speedup")
+TIMINGS = ("decode", "total", "greedy_decode", "greedy_total")  # columns of clips x repetitions
+
+
+Columns = tuple[list[dict[str, np.ndarray]], list[str]]  # each arm's clip columns, and each clip's evaluation set
+
+
+def arm_columns(*arms: list[ClipResult]) -> Columns:
+    """The arms' clip columns, built once for every metric taken of them (the arms hold the same clips)."""
+    return [clip_columns(arm) for arm in arms], [r.group for r in arms[0]]
+
+
+def bootstrap_interval(statistic: Callable[..., np.ndarray], columns: Columns, timed: bool = True) -> Interval:
+    """The statistic's interval; a timed one (reading TIMINGS) resamples each clip's repetitions too, and one that
+    is not is spared that work."""
+    arms, strata = columns
+    if not timed:
+        arms = [{name: column for name, column in arm.items() if name not in TIMINGS} for arm in arms]
+    repeated = TIMINGS if timed else ()
+    return pooled_bootstrap(statistic, arms, DRAWS, SEED, strata=strata, resample_strata=True, repeated=repeated)
+
+
+def point_estimate(metric: Callable[..., np.ndarray], columns: Columns) -> float | None:
+    try:
+        return pooled_estimate(metric, *columns, repeated=TIMINGS)
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class Contrast:
+    name: str  # "b-a": b minus a
+    fixed: str  # what both arms share: the draft or the window, K and threshold
+    metric: str
+    clips: int
+    estimate: float
+    low: float
+    high: float
+
+
+def shared_clips(arm_a: list[ClipResult], arm_b: list[ClipResult]) -> tuple[list[ClipResult], list[ClipResult]]:
+    """Both arms on the clips both decoded, in the same order."""
+    both = {r.trace.clip_hash for r in arm_a} & {r.trace.clip_hash for r in arm_b}
+    return [r for r in arm_a if r.trace.clip_hash in both], [r for r in arm_b if r.trace.clip_hash in both]
+
+
+def contrast(
+    name: str, fixed: str, metrics: Sequence[str], arm_a: list[ClipResult], arm_b: list[ClipResult]
+) -> list[Contrast]:
+    """metric(b) - metric(a) for each metric on the clips both arms decoded, with its paired bootstrap interval;
+    metrics undefined on these arms (a2c at K = 1) are left out."""
+    arms = shared_clips(arm_a, arm_b)
+    found = differences(metrics, arm_columns(*arms))
+    return [Contrast(name, fixed, metric, len(arms[0]), **asdict(interval)) for metric, interval in found.items()]
+
+
+def differences(metrics: Sequence[str], columns: Columns) -> dict[str, Interval]:
+    found = {}
+    for metric in metrics:
+        measure = METRICS[metric]
+        try:
+            found[metric] = bootstrap_interval(
+                lambda a, b, measure=measure: measure(b) - measure(a), columns, metric in SPEEDS
+            )
+        except ValueError:
+            continue
+    return found
