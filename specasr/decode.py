@@ -182,6 +182,40 @@ def greedy_tokens(target: Target, memory: Tensor) -> list[int]:
     return greedy(target, memory, memory.shape[1]).tokens
 
 
+@dataclass(frozen=True)
+class LoopOptions:
+    """What a speculative loop reads of its settings, resolved against its target once."""
+
+    k: int
+    threshold: float
+    window: str
+    half_width_ms: float
+    verify_peaks: bool  # record every decoder layer's verification peak
+    keep_attention: bool  # keep each draft step's attention row in the trace
+    attention_layers: tuple[int, ...]  # the decoder layers whose audio attention a verification pass reads
+    readout: int | None  # where the runtime layer sits among them: the runtime windows' readout; None for the others
+
+    @classmethod
+    def of(cls, settings: Settings, target: Target) -> "LoopOptions":
+        """The runtime layer is the settings' (the target's by default); a verification pass reads every layer to
+        record verification peaks, else the runtime layer for the runtime windows, else none."""
+        layer = settings.runtime_layer if settings.runtime_layer is not None else target.runtime_layer
+        if not 0 <= layer < target.n_layers:
+            raise ValueError(f"runtime layer {layer} outside the target's {target.n_layers} decoder layers")
+        runtime = settings.window in RUNTIME_WINDOWS
+        layers = tuple(range(target.n_layers)) if settings.verify_peaks else (layer,) if runtime else ()
+        return cls(
+            k=settings.k,
+            threshold=settings.threshold,
+            window=settings.window,
+            half_width_ms=settings.half_width_ms,
+            verify_peaks=settings.verify_peaks,
+            keep_attention=settings.keep_attention,
+            attention_layers=layers,
+            readout=layers.index(layer) if runtime else None,
+        )
+
+
 def speculative(
     target: Target,
     draft: Draft,
@@ -197,8 +231,9 @@ def speculative(
     reference: the segment's own frame for each of its transcript tokens, for the windows centred from them.
     on_round: called with every round as it ends (progress reports; its time counts in the decode phase).
     """
+    options = LoopOptions.of(settings, target)
     with torch.inference_mode():
-        return _SpeculativeLoop(target, draft, memory, valid_frames, settings, reference, origin).run(on_round)
+        return _SpeculativeLoop(target, draft, memory, valid_frames, options, reference, origin).run(on_round)
 
 
 def accepted_length(proposed: list[int], choices: list[int], eot: int) -> int:
@@ -219,39 +254,71 @@ def _read(tensors: list[Tensor]) -> list[list[int]]:
     return [flat[sum(sizes[:i]) : sum(sizes[: i + 1])] for i in range(len(tensors))]
 
 
-class _SpeculativeLoop:
-    """One segment's rounds, step by step from the host: the draft catches up on the tokens the last verification
-    accepted and takes single steps, no further than the length limit and, where reading the device is free, than
-    its first proposal below the confidence threshold (elsewhere the round drops such proposals); the target
-    verifies the block. Window centres and masks are computed on the device; but for those confidences on a CPU,
-    the host reads the device once per round."""
+@dataclass
+class Proposal:
+    """A round's drafting, on the device: its proposals, the draft's confidence in each, each step's window centre
+    and, with audio attention, where each step attended."""
 
-    def __init__(self, target, draft, memory, valid_frames, settings, reference, origin):
-        self.target, self.draft, self.settings = target, draft, settings
+    tokens: Tensor  # (n,) target token ids
+    confidences: Tensor  # (n,)
+    centres: Tensor  # (K,)
+    attention: Tensor | None  # (n, frames) head-averaged audio attention
+
+
+@dataclass
+class Verification:
+    """The target's pass over the last verified token and the proposals, on the device."""
+
+    choices: Tensor  # (n + 1,) its greedy choice after each
+    peaks: Tensor  # (n + 1, attention layers) the frame each layer peaked at
+    hidden: Tensor  # the features the draft catches up on next
+
+
+@dataclass
+class Outcome:
+    """A round read back on the host: the proposals kept (K, fewer at the length limit or past the first one below
+    the confidence threshold), how many the target accepted, and what the trace rows need."""
+
+    proposed: list[int]
+    accepted: int  # the target's choice after them is the correction token
+    choices: list[int]
+    draft_peaks: list[int] | None  # None without audio attention
+    centres: list[int]
+    peaks: list[int]
+    attention: list[list[float]] | None  # each kept step's attention row, where the trace keeps them
+
+
+class _SpeculativeLoop:
+    """One segment's rounds, step by step from the host, each in four phases: propose (the draft catches up on the
+    tokens the last verification accepted and takes single steps, no further than the length limit and, where reading
+    the device is free, than its first proposal below the confidence threshold; elsewhere the round drops such
+    proposals), verify (the target's pass over the block), accept (the longest agreeing prefix and the target's next
+    token) and record (the trace rows). Window centres and masks are computed on the device; but for those confidences
+    on a CPU, the host reads the device once per round."""
+
+    def __init__(self, target, draft, memory, valid_frames, options: LoopOptions, reference, origin):
+        self.target, self.draft, self.options = target, draft, options
         self.device = memory.device
-        self.runtime_layer, self.attention_layers = attention_layers(target, settings)
-        self.readout = readout_column(settings, self.runtime_layer, self.attention_layers)
-        capacity = target.max_length + settings.k + 1  # the last block may run past the length limit
+        capacity = target.max_length + options.k + 1  # the last block may run past the length limit
         self.policy = WindowPolicy(
-            settings.window,
-            settings.half_width_ms,
+            options.window,
+            options.half_width_ms,
             valid_frames,
             reference,
             target.frame_seconds,
             self.device,
-            capacity + settings.k,
+            capacity + options.k,
         )
-        self.rows = SegmentRows(
-            target, origin, settings.verify_peaks, len(self.attention_layers), self.policy, self.readout
-        )
+        layers = len(options.attention_layers)
+        self.rows = SegmentRows(target, origin, options.verify_peaks, layers, self.policy, options.readout)
         self.stopwatch = Stopwatch(self.device)
-        self.stops_early = settings.threshold > 0 and self.device.type in FREE_READ_DEVICES
+        self.stops_early = options.threshold > 0 and self.device.type in FREE_READ_DEVICES
         self.target_cache = target.new_cache(memory, capacity)
         self.draft_cache = draft.new_cache(memory, valid_frames, capacity)
 
-    def _verify(self, block: Tensor):
+    def _pass(self, block: Tensor):
         return self.target.forward(
-            block, self.target_cache, taps=self.draft.config.taps, attention_layers=self.attention_layers
+            block, self.target_cache, taps=self.draft.config.taps, attention_layers=self.options.attention_layers
         )
 
     def _verification_peaks(self, audio_attention: Tensor | None) -> Tensor:
@@ -262,13 +329,13 @@ class _SpeculativeLoop:
 
     def _observe(self, peaks: Tensor, verified: int, new: int) -> None:
         """The runtime windows' centres follow the verification peaks of the `new` tokens after `verified`."""
-        if self.readout is not None:
-            self.policy.observe_verified(verified, peaks[:new, self.readout])
+        if self.options.readout is not None:
+            self.policy.observe_verified(verified, peaks[:new, self.options.readout])
 
     def run(self, on_round: Callable[[Round], None] | None = None) -> Decoded:
         target, tokens = self.target, self.rows.tokens
         prompt = torch.tensor([target.prompt], device=self.device)
-        out = self._verify(prompt)
+        out = self._pass(prompt)
         first = target.greedy_tokens(out.states[:, -1:], 0)[0]
         peaks = self._verification_peaks(out.audio_attention)[-1:]
         (value,), rows = _read([first, peaks])
@@ -287,11 +354,27 @@ class _SpeculativeLoop:
         return self.rows.result
 
     def _round(self, features: Tensor, inputs: Tensor, last: int) -> tuple[bool, Tensor, Tensor, int]:
-        target, draft, settings, k = self.target, self.draft, self.settings, self.settings.k
-        n_prompt, verified = len(target.prompt), len(self.rows.tokens)
-        position = n_prompt + verified - 1  # of the last token, which the target has not read yet
-
+        """Propose, verify, accept, record; then the caches keep what was accepted. Returns whether the transcript
+        ended and what the next catch-up reads: the verified features and the target's choices, real up to row
+        `accepted`."""
+        verified = len(self.rows.tokens)
+        position = len(self.target.prompt) + verified - 1  # of the last token, which the target has not read yet
+        budget = self.target.max_length - len(self.target.prompt) - verified - 1
         start = self.stopwatch.mark()
+        proposal = self._propose(features, inputs, last, verified, budget)
+        drafted = self.stopwatch.mark()
+        verification = self._verify(inputs[0, last : last + 1], proposal.tokens, verified)
+        verified_at = self.stopwatch.mark()
+        outcome = self._accept(proposal, verification, verified, budget)
+        seconds = self.stopwatch.seconds(start, drafted), self.stopwatch.seconds(drafted, verified_at)
+        finished = self._record(outcome, seconds)
+        self.target_cache.length = position + 1 + outcome.accepted
+        self.draft_cache.length = position
+        return finished, verification.hidden, verification.choices[None], outcome.accepted
+
+    def _propose(self, features: Tensor, inputs: Tensor, last: int, verified: int, budget: int) -> Proposal:
+        """The draft catches up on rows up to `last` and proposes up to K tokens."""
+        draft, n_prompt, k = self.draft, len(self.target.prompt), self.options.k
         # The step at draft position t predicts transcript token t + 2 - n_prompt.
         first = self.draft_cache.length
         caught_up = self.policy.centres(first + 2 - n_prompt, last + 1, verified)
@@ -299,72 +382,57 @@ class _SpeculativeLoop:
         centres = torch.cat([caught_up[last : last + 1], self.policy.centres(verified + 1, k - 1, verified)])
         hidden, next_features = out.hidden[:, last], out.features[:, last : last + 1]
         attention = [] if out.attention is None else [out.attention[0, last]]
-        budget = target.max_length - n_prompt - verified - 1
         depths = max(1, min(k, budget))
         proposals, confidences = [], []
         for depth in range(1, depths + 1):
             confidence, choice = draft.logits(hidden).softmax(dim=-1).max(dim=-1)
             proposals.append(draft.vocab_to_target(choice))
             confidences.append(confidence)
-            if depth == depths or (self.stops_early and confidence.item() < settings.threshold):
+            if depth == depths or (self.stops_early and confidence.item() < self.options.threshold):
                 break
             out = draft(next_features, proposals[-1][:, None], self.draft_cache, self._mask(centres[depth : depth + 1]))
             hidden, next_features = out.hidden[:, -1], out.features[:, -1:]
             if out.attention is not None:
                 attention.append(out.attention[0, -1])
-        drafted = self.stopwatch.mark()
+        return Proposal(
+            torch.cat(proposals), torch.stack(confidences)[:, 0], centres, torch.stack(attention) if attention else None
+        )
 
-        proposed = torch.cat(proposals)
-        out = self._verify(torch.cat([inputs[0, last : last + 1], proposed])[None])
-        choices = target.greedy_tokens(out.states, verified)[0]
-        peaks = self._verification_peaks(out.audio_attention)
-        verified_at = self.stopwatch.mark()
+    def _verify(self, last_token: Tensor, proposals: Tensor, verified: int) -> Verification:
+        """The target reads the last verified token and the proposals in one pass."""
+        out = self._pass(torch.cat([last_token, proposals])[None])
+        choices = self.target.greedy_tokens(out.states, verified)[0]
+        return Verification(choices, self._verification_peaks(out.audio_attention), out.hidden)
 
-        attention = torch.stack(attention) if attention else None
-        draft_peaks = attention.argmax(dim=-1) if attention is not None else proposed[:0]
-        stops = torch.stack(confidences)[:, 0] < settings.threshold
-        choice_list, proposed_list, stop_list, draft_peak_list, centre_list, peak_rows = _read(
-            [choices, proposed, stops, draft_peaks, centres, peaks]
+    def _accept(self, proposal: Proposal, verification: Verification, verified: int, budget: int) -> Outcome:
+        """The round's one read of the device: the proposals kept, the longest prefix the target agrees with, and the
+        runtime windows told where the accepted tokens and the correction token attended."""
+        k, threshold, attention = self.options.k, self.options.threshold, proposal.attention
+        draft_peaks = attention.argmax(dim=-1) if attention is not None else proposal.tokens[:0]
+        stops = proposal.confidences < threshold
+        choices, proposed, stop_list, draft_peak_list, centres, peaks = _read(
+            [verification.choices, proposal.tokens, stops, draft_peaks, proposal.centres, verification.peaks]
         )
         n = min(k, budget, *(d + 1 for d, stop in enumerate(stop_list) if stop))
-        proposed_list = proposed_list[:n]
-        accepted = accepted_length(proposed_list, choice_list[: n + 1], target.eot)
-        seconds = self.stopwatch.seconds(start, drafted), self.stopwatch.seconds(drafted, verified_at)
-        kept = attention[:n].float().cpu().tolist() if attention is not None and settings.keep_attention else None
-        self._observe(peaks, verified, accepted + 1)
-        finished = self.rows.round(
-            proposed_list,
-            accepted,
-            choice_list,
-            draft_peak_list if attention is not None else None,
-            centre_list,
-            peak_rows,
+        accepted = accepted_length(proposed[:n], choices[: n + 1], self.target.eot)
+        kept = attention[:n].float().cpu().tolist() if attention is not None and self.options.keep_attention else None
+        self._observe(verification.peaks, verified, accepted + 1)
+        draft_peaks = draft_peak_list if attention is not None else None
+        return Outcome(proposed[:n], accepted, choices, draft_peaks, centres, peaks, kept)
+
+    def _record(self, outcome: Outcome, seconds: tuple[float, float]) -> bool:
+        """The round's trace rows; whether the transcript ended."""
+        return self.rows.round(
+            outcome.proposed,
+            outcome.accepted,
+            outcome.choices,
+            outcome.draft_peaks,
+            outcome.centres,
+            outcome.peaks,
             seconds,
-            kept,
+            outcome.attention,
         )
-        self.target_cache.length = position + 1 + accepted
-        self.draft_cache.length = position
-        # The next catch-up reads the verified features and the target's choices, real up to row `accepted`.
-        return finished, out.hidden, choices[None], accepted
 
     def _mask(self, centres: Tensor) -> Tensor | None:
         """Which of the valid audio frames the draft may attend."""
         return self.policy.mask(centres) if self.draft.config.audio else None
-
-
-def attention_layers(target: Target, settings: Settings) -> tuple[int, tuple[int, ...]]:
-    """The runtime layer the settings ask for (the target's by default), and the decoder layers whose audio attention
-    a verification pass reads: every layer to record verification peaks, else the runtime layer for the runtime
-    windows, else none."""
-    layer = settings.runtime_layer if settings.runtime_layer is not None else target.runtime_layer
-    if not 0 <= layer < target.n_layers:
-        raise ValueError(f"runtime layer {layer} outside the target's {target.n_layers} decoder layers")
-    if settings.verify_peaks:
-        return layer, tuple(range(target.n_layers))
-    return layer, (layer,) if settings.window in RUNTIME_WINDOWS else ()
-
-
-def readout_column(settings: Settings, runtime_layer: int, layers: tuple[int, ...]) -> int | None:
-    """Where the runtime layer's peaks sit among the `layers` a verification pass reads: the readout a runtime
-    window centres from and the trace keeps (`runtime_peaks`); None for the other windows."""
-    return layers.index(runtime_layer) if settings.window in RUNTIME_WINDOWS else None

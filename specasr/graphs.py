@@ -16,7 +16,7 @@ from typing import TypeVar
 import torch
 from torch import Tensor
 
-from specasr.decode import Decoded, Origin, SegmentRows, Stopwatch, attention_layers, readout_column
+from specasr.decode import Decoded, LoopOptions, Origin, SegmentRows, Stopwatch
 from specasr.draft import Draft
 from specasr.targets import Target
 from specasr.targets.base import DecoderOutput, audio_peaks
@@ -218,23 +218,21 @@ class RoundState:
 
 
 class RoundSteps:
-    """Static caches, window tables and state for one target, draft, audio length and round settings, and the three
+    """Static caches, window tables and state for one target, draft, audio length and loop options, and the three
     steps over them: the prompt's pass, a round's drafting (the catch-up on the last verified tokens and K proposals)
     and its verification (K + 1 tokens, the greedy choices, acceptance and the state for the next round). A round is
     two replays, so that the device times drafting and verification apart."""
 
-    def __init__(self, target: Target, draft: Draft, memory: Tensor, settings: Settings):
-        device, frames, k = memory.device, memory.shape[1], settings.k
-        self.target, self.draft, self.k, self.threshold = target, draft, k, settings.threshold
-        self.runtime_layer, self.layers = attention_layers(target, settings)
-        self.readout = readout_column(settings, self.runtime_layer, self.layers)
-        self.keep_attention = settings.keep_attention
+    def __init__(self, target: Target, draft: Draft, memory: Tensor, options: LoopOptions):
+        device, frames, k = memory.device, memory.shape[1], options.k
+        self.target, self.draft, self.options, self.k = target, draft, options, k
+        self.layers, self.readout = options.attention_layers, options.readout
         rows = max(k + 1, len(target.prompt))  # a catch-up after the prompt's pass or after a verification
         capacity = target.max_length + rows  # padding rows may run past the length limit
         self.target_cache = target.new_cache(memory, capacity, static=True)
         self.draft_cache = draft.new_cache(memory, frames, capacity, frames=frames)
         self.policy = WindowPolicy(
-            settings.window, settings.half_width_ms, frames, [], target.frame_seconds, device, capacity + k
+            options.window, options.half_width_ms, frames, [], target.frame_seconds, device, capacity + k
         )
         self.prompt = torch.tensor([target.prompt], device=device)
         on = {"dtype": torch.long, "device": device}
@@ -347,7 +345,7 @@ class RoundSteps:
         proposed: K, fewer at the length limit or past the first proposal below the confidence threshold."""
         state, k, eot = self.state, self.k, self.target.eot
         depths = torch.arange(k, device=choices.device)
-        unsure = state.confidences < self.threshold
+        unsure = state.confidences < self.options.threshold
         first_unsure = torch.where(unsure.any(), unsure.long().argmax() + 1, k)
         budget = self.target.max_length - self.prompt.shape[1] - verified - 1
         kept = torch.minimum(budget, first_unsure).clamp(max=k)
@@ -366,7 +364,7 @@ class RoundSteps:
         marks = self._launch(stopwatch)
         while marks is not None:
             record = self.state.record.tolist()
-            attention = self._attention(record[2]) if self.keep_attention else None
+            attention = self._attention(record[2]) if self.options.keep_attention else None
             done, accepted, kept = record[:3]
             choices, (proposals, draft_peaks, centres) = record[3 : 4 + k], _split(record[4 + k : 4 + 4 * k], k)
             peaks = record[4 + 4 * k :]
@@ -417,11 +415,11 @@ def speculative(
     with torch.inference_mode():
         steps = round_steps(captured, target, draft, memory, settings)
         steps.load(memory, valid_frames, reference)
-        rows = SegmentRows(target, origin, settings.verify_peaks, len(steps.layers), steps.policy, steps.readout)
+        rows = SegmentRows(target, origin, steps.options.verify_peaks, len(steps.layers), steps.policy, steps.readout)
         return steps.run(rows, on_round)
 
 
 def round_steps(captured: dict | None, target: Target, draft: Draft, memory: Tensor, settings: Settings) -> RoundSteps:
-    shape = (settings.k, settings.window, settings.half_width_ms, settings.threshold, settings.runtime_layer)
-    key = ("round", id(target), id(draft), memory.shape[1], *shape, settings.verify_peaks, settings.keep_attention)
-    return _reused(captured, key, lambda: RoundSteps(target, draft, memory, settings))
+    options = LoopOptions.of(settings, target)
+    key = ("round", id(target), id(draft), memory.shape[1], options)
+    return _reused(captured, key, lambda: RoundSteps(target, draft, memory, options))

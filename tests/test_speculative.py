@@ -2,6 +2,7 @@
 
 import itertools
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 import torch
@@ -9,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specasr import decode, graphs
-from specasr.decode import greedy, greedy_tokens, speculative
+from specasr.decode import LoopOptions, greedy, greedy_tokens, speculative
 from specasr.draft import Draft, random_draft
 from specasr.trace import Settings, Trace
 from specasr.windows import NO_WINDOW, RUNTIME_WINDOWS, WINDOWS, WindowPolicy
@@ -125,6 +126,23 @@ def test_runtime_reads_its_pace_from_the_last_eight_verified_tokens():
     runtime.observe_verified(0, torch.tensor([50, 50, 50, 50]))
     runtime.observe_verified(4, torch.tensor([5, 6, 7, 8, 9, 10, 11, 12]))  # the last eight: one frame per token
     assert runtime.centres(12, 3, verified=12).tolist() == [13, 14, 15]
+
+
+def test_loop_options_read_the_layers_each_window_needs():
+    """Every layer to record verification peaks, the runtime layer for the runtime windows (the target's by default),
+    none otherwise; the readout is the runtime layer's place among the layers read."""
+    target = random_whisper_target(seed=1, layers=3, heads=2, vocab_size=8, max_length=20, init_std=0.5)
+    target.runtime_layer = 2
+    base = Settings(draft="random", k=3, threshold=0.2, verify_peaks=False)
+    plain = LoopOptions(3, 0.2, "unrestricted", base.half_width_ms, False, False, (), None)
+    assert LoopOptions.of(base, target) == plain
+    runtime = replace(base, window="runtime")
+    assert (LoopOptions.of(runtime, target).attention_layers, LoopOptions.of(runtime, target).readout) == ((2,), 0)
+    chosen = LoopOptions.of(replace(runtime, runtime_layer=1, verify_peaks=True), target)
+    assert (chosen.attention_layers, chosen.readout) == ((0, 1, 2), 1)
+    assert LoopOptions.of(replace(base, verify_peaks=True), target).readout is None
+    with pytest.raises(ValueError, match="runtime layer 3 outside the target's 3 decoder layers"):
+        LoopOptions.of(replace(runtime, runtime_layer=3), target)
 
 
 @pytest.mark.parametrize("captured", [False, True])
