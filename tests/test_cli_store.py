@@ -77,6 +77,16 @@ def test_experiment_out_saves_the_printed_tables(capsys, sample_clips, tmp_path)
     assert "Cells (Tables 1, 2, 3, 6)" in out and out_file.read_text() == out
 
 
+def test_an_experiment_on_a_full_disk_prints_and_saves_its_tables(capsys, monkeypatch, sample_clips, tmp_path):
+    _disk_full(monkeypatch)
+    out_file = tmp_path / "experiment.txt"
+    argv = ["experiment", "--clips", "1", "--draft", "random", "--k", "2", "--repeats", "1", "--out", str(out_file)]
+    assert main([*argv, "--db", str(tmp_path / "runs.duckdb")]) == 1
+    out, err = capsys.readouterr()
+    assert "Cells (Tables 1, 2, 3, 6)" in out and "greedy run (not stored)" in out and out_file.read_text() == out
+    assert err.splitlines()[-1].startswith(NOT_STORED) and "No space left on device" in err
+
+
 def _store_with_a_run(path) -> tuple[Store, str]:
     store = Store(path)
     settings = Settings(draft="random", k=2, reference="never")

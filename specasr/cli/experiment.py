@@ -16,7 +16,7 @@ from specasr.cli.options import (
     out_file,
     settings,
 )
-from specasr.cli.output import Report, json_value, records
+from specasr.cli.output import Report, json_value, not_stored, records
 from specasr.experiments import PROTOCOL, REPEATS, Grid, run_grid
 from specasr.intervals import aa_warning
 from specasr.pipeline import Pipeline
@@ -56,10 +56,16 @@ def run(args: argparse.Namespace) -> int:
         record |= {"second_baseline_run": runs.second_baseline, "repeats": args.repeats} | warnings
         record |= {name: records(table) for name, table in vars(found).items()}
         report.print(json.dumps(record | {"best_run": best.run_id}, default=json_value))
-        report.save()
-        return int(report.failed)
+    else:
+        _print_tables(report, args, clips, runs, found, aggregation, best)
+        report.warn(*warnings.values())
+    report.save()
+    return max(int(report.failed), not_stored(store.path, runs.not_stored))
+
+
+def _print_tables(report: Report, args: argparse.Namespace, clips, runs, found, aggregation: str, best) -> None:
     report.print(f"{args.target} on {len(clips)} clips of {args.data} x {args.repeats} repeats")
-    report.print(f"greedy run {runs.baseline}, verification-peaks run {runs.peaks}")
+    report.print(f"greedy run {runs.baseline or '(not stored)'}, verification-peaks run {runs.peaks or '(not stored)'}")
     report.print(f"protocol: {PROTOCOL}\n{aggregation}")
     for title, table, number_format in (
         ("Cells (Tables 1, 2, 3, 6)", found.cells.drop(columns="s"), "%.3f"),
@@ -79,9 +85,6 @@ def run(args: argparse.Namespace) -> int:
         f"\nfastest cell: {best.draft} {best.window} K={best.k} threshold={best.threshold:g}, "
         f"decode speedup {best.decode_speedup:.3f}x [{best.decode_speedup_low:.3f}, {best.decode_speedup_high:.3f}]"
     )
-    report.warn(*warnings.values())
-    report.save()
-    return int(report.failed)
 
 
 def _grid(args: argparse.Namespace) -> Grid:

@@ -70,10 +70,14 @@ class RunStore:
 
     def finish(self) -> int:
         """The command's status once its result is out: 1, told on stderr, where the store could not keep it."""
-        if self.failure is None:
-            return 0
-        _not_kept(f"result not stored in {self.path}: {self.failure}")
-        return 1
+        return not_stored(self.path, [] if self.failure is None else [str(self.failure)])
+
+
+def not_stored(path: Path, reasons: list[str]) -> int:
+    """The command's status once its result is out: 1 where the store refused some of it, each reason on stderr."""
+    for reason in reasons:
+        _not_kept(f"result not stored in {path}: {reason}")
+    return int(bool(reasons))
 
 
 def records(table: pd.DataFrame) -> list[dict]:
