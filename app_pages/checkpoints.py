@@ -11,7 +11,7 @@ from specasr.cache import cache_dir
 from specasr.compare import COLUMNS, DIFFERENCE, Comparison, compare, compare_runs
 from specasr.dataset import load_manifest, spread
 from specasr.draft import shipped_drafts
-from specasr.experiments import REPEATS, Grid, GridRuns, draft_label, run_grid
+from specasr.experiments import REPEATS, Grid, GridRuns, draft_label, grid_traces, run_grid
 from specasr.intervals import aa_warning
 from specasr.metrics import depth_profile
 from specasr.pooled import Weighting, weighting
@@ -42,18 +42,18 @@ class DraftPair:
 
     draft_a: str
     draft_b: str
-    run_a: str
-    run_b: str
+    run_a: str | None  # None: decoded but not stored
+    run_b: str | None
     comparison: Comparison
 
 
 def draft_pairs(runs: GridRuns, sets: Weighting) -> list[DraftPair]:
     """Every other draft (A) against the first (B), speed against the greedy baseline timed beside them."""
-    arms = [(draft_label(s.draft), run, widgets.store().traces(run)) for s, run in runs.cells.items()]
-    greedy = widgets.store().traces(runs.baseline)
+    decoded = grid_traces(widgets.store(), runs)
+    arms = [(draft_label(s.draft), runs.cells[s], traces) for s, traces in decoded.cells.items()]
     (first, first_run, first_traces), *others = arms
     return [
-        DraftPair(name, first, run, first_run, compare(traces, first_traces, greedy, sets))
+        DraftPair(name, first, run, first_run, compare(traces, first_traces, decoded.baseline, sets))
         for name, run, traces in others
     ]
 
@@ -65,7 +65,8 @@ def show_pairs(pairs: list[DraftPair]) -> None:
     name_a = pairs[0].draft_a if len(pairs) == 1 else "the draft in column run A"
     st.caption(pairs[0].comparison.caption(name_a, pairs[0].draft_b))
     for pair in pairs:
-        side_by_side(pair.run_a, pair.run_b, f"{pair.draft_a} and {pair.draft_b}")
+        if pair.run_a and pair.run_b:
+            side_by_side(pair.run_a, pair.run_b, f"{pair.draft_a} and {pair.draft_b}")
 
 
 def compared_traces(pairs: list[DraftPair]) -> dict[str, list[Trace]]:
@@ -118,6 +119,7 @@ with tab_run:
                 "rule": sets.rule,
                 "aa": found.aa,
                 "note": repetition_note(repeats),
+                "not_stored": runs.not_stored,
             }
         except (*widgets.DECODE_ERRORS, FileNotFoundError) as error:
             widgets.report(error)
@@ -128,6 +130,8 @@ with tab_run:
         st.caption(f"{result['rule']}; {AGGREGATION}")
         if result["note"]:
             st.warning(result["note"])
+        for reason in result["not_stored"]:
+            st.warning(f"Not stored (shown here only): {reason}")
         st.subheader("Each draft")
         st.dataframe(cells.drop(columns=["s"]), hide_index=True, key="checkpoint_cells")
         pairs = result["pairs"]

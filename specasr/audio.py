@@ -5,11 +5,8 @@ import hashlib
 import io
 import itertools
 import os
-from collections import Counter
-from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
@@ -47,25 +44,6 @@ class Clip:
     @property
     def seconds(self) -> float:
         return len(self.audio) / SAMPLE_RATE
-
-
-def clip_ids(paths: Sequence[str | os.PathLike]) -> list[str]:
-    """A clip id for each file: its stem; its file name where stems collide (clip.mp3, clip.ogg); where file names
-    collide too, as many of its folders as tell it apart (a/clip.wav, b/clip.wav). A file given again gets #2, #3."""
-    files = list(dict.fromkeys(Path(os.path.abspath(path)) for path in paths))
-    ids = {file: file.stem for file in files}
-    depth = dict.fromkeys(files, 0)  # folders in each id; 0 is the stem
-    while clashing := [file for file in files if Counter(ids.values())[ids[file]] > 1]:
-        for file in clashing:
-            depth[file] += 1
-            ids[file] = "/".join(file.parts[-depth[file] :])
-    repeats = Counter()
-    named = []
-    for path in paths:
-        clip_id = ids[Path(os.path.abspath(path))]
-        repeats[clip_id] += 1
-        named.append(clip_id if repeats[clip_id] == 1 else f"{clip_id}#{repeats[clip_id]}")
-    return named
 
 
 def split_windows(audio: np.ndarray, window: int, step: int) -> list[tuple[int, int]]:

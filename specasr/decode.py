@@ -182,6 +182,11 @@ def greedy_tokens(target: Target, memory: Tensor) -> list[int]:
     return greedy(target, memory, memory.shape[1]).tokens
 
 
+def runtime_layer(settings: Settings, target: Target) -> int:
+    """The decoder layer the runtime windows read: the settings' where they name one, else the target's."""
+    return settings.runtime_layer if settings.runtime_layer is not None else target.runtime_layer
+
+
 @dataclass(frozen=True)
 class LoopOptions:
     """What a speculative loop reads of its settings, resolved against its target once."""
@@ -199,7 +204,7 @@ class LoopOptions:
     def of(cls, settings: Settings, target: Target) -> "LoopOptions":
         """The runtime layer is the settings' (the target's by default); a verification pass reads every layer to
         record verification peaks, else the runtime layer for the runtime windows, else none."""
-        layer = settings.runtime_layer if settings.runtime_layer is not None else target.runtime_layer
+        layer = runtime_layer(settings, target)
         if not 0 <= layer < target.n_layers:
             raise ValueError(f"runtime layer {layer} outside the target's {target.n_layers} decoder layers")
         runtime = settings.window in RUNTIME_WINDOWS

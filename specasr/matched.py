@@ -19,6 +19,7 @@ import torch
 from tqdm import tqdm
 
 from specasr.audio import Clip
+from specasr.decode import runtime_layer
 from specasr.draft import Draft
 from specasr.experiments import draft_label
 from specasr.intervals import Interval, pooled_bootstrap
@@ -139,7 +140,7 @@ def roll_out(
         view.memory.device,
         transcript + k + 1,
     )
-    policy.observe_verified(0, view.peaks[:, _runtime_layer(target, settings)])
+    policy.observe_verified(0, view.peaks[:, runtime_layer(settings, target)])
     starts_t = torch.tensor(starts, dtype=torch.long, device=view.memory.device)
     centres = torch.stack([policy.centres(v, k, v) for v in starts]) if starts else starts_t.view(0, 1).expand(0, k)
 
@@ -190,10 +191,6 @@ def _batch(view: ClipView, features: torch.Tensor, length: int) -> Batch:
         valid_frames=torch.tensor([view.valid_frames], device=features.device),
         lengths=torch.tensor([len(view.tokens) - 1], device=features.device),
     )
-
-
-def _runtime_layer(target: Target, settings: Settings) -> int:
-    return settings.runtime_layer if settings.runtime_layer is not None else target.runtime_layer
 
 
 def round_starts(pipeline: Pipeline, settings: Settings, clip: Clip, view: ClipView, starts: str) -> list[int]:

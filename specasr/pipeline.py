@@ -18,7 +18,7 @@ from torch import Tensor
 from specasr import graphs
 from specasr.align import Aligner, AlignmentError, get_aligner
 from specasr.audio import SAMPLE_RATE, AudioTooLongError, Clip, split_windows
-from specasr.decode import Decoded, Origin, PhaseTimer, greedy, speculative
+from specasr.decode import Decoded, Origin, PhaseTimer, greedy, runtime_layer, speculative
 from specasr.draft import Draft, resolve_draft
 from specasr.peers import Peer, load_peer
 from specasr.reference import ClipReference, align_tokens, check_reference_length, read_reference_file
@@ -91,10 +91,9 @@ class Pipeline:
                 threshold=0.0,
                 verify_peaks=peaks,
             )
-        layer = settings.runtime_layer
-        if settings.window in RUNTIME_WINDOWS and layer is None:
-            layer = self.target(settings).runtime_layer
-        return replace(settings, draft_dtype=settings.draft_dtype or settings.dtype, runtime_layer=layer)
+        if settings.window in RUNTIME_WINDOWS:
+            settings = replace(settings, runtime_layer=runtime_layer(settings, self.target(settings)))
+        return replace(settings, draft_dtype=settings.draft_dtype or settings.dtype)
 
     def decode(self, clip: Clip, settings: Settings, on_round: Callable[[Round], None] | None = None) -> Trace:
         """Transcribe `clip` under `settings`, timed from the waveform, and return its complete trace.
@@ -168,7 +167,7 @@ class Pipeline:
             frame_seconds=target.frame_seconds,
             code=code_version(),
             token_texts=[pieces[token] for token in tokens],
-            target_runtime_layer=target.runtime_layer if settings.runtime_layer is None else settings.runtime_layer,
+            target_runtime_layer=runtime_layer(settings, target),
             draft_name=draft_name,
             draft_hash=draft_hash,
             segments=segments,

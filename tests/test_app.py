@@ -181,6 +181,21 @@ def test_checkpoints_page_compares_two_drafts():
     assert any(c.value.startswith("pooled over all 1 clips as one set") for c in app.caption)  # the set rule, said
 
 
+def test_checkpoints_the_store_cannot_take_stay_on_screen_and_say_so(monkeypatch):
+    full_disk = fill_the_disk(monkeypatch)
+    app = page("checkpoints")
+    app.multiselect(key="checkpoint_drafts").set_value(["whisper-tiny.en/anchordraft", "random"])
+    app.slider(key="checkpoint_count").set_value(1)
+    app.number_input(key="checkpoint_repeats").set_value(1)
+    app.button(key="compare").click().run()
+    assert not app.exception and not app.error
+    assert set(frame_with(app, "draft", "lossless_clips").draft) == {"anchordraft", "random"}
+    assert {"a1", "L"} <= set(frame_with(app, "run A", "run B", "metric", "A - B").metric)
+    not_stored = [w.value for w in app.warning if w.value.startswith("Not stored")]
+    assert len(not_stored) == 1 and not_stored[0].endswith(full_disk)
+    assert not [link for link in app.get("page_link") if "side by side" in link.proto.label]  # no runs to open
+
+
 @pytest.fixture
 def stored_run() -> str:
     """A speculative run of two hand-built traces in the session's store."""

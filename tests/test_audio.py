@@ -1,5 +1,4 @@
 import io
-from pathlib import Path
 
 import av
 import numpy as np
@@ -20,7 +19,6 @@ from specasr.audio import (
     OverFullScaleError,
     SilentAudioError,
     UnreadableAudioError,
-    clip_ids,
     load_audio,
     validate_samples,
 )
@@ -252,21 +250,6 @@ def test_integer_samples_are_scaled(dtype):
 def test_array_at_other_rate_is_downmixed_and_resampled():
     out = validate_samples(tone(2.0, 8000, channels=2), 8000)
     assert out.shape == (2 * SAMPLE_RATE,) and out.dtype == np.float32
-
-
-def test_clip_ids_are_stems_unless_two_files_share_one():
-    assert clip_ids(["a/one.wav", "b/two.flac"]) == ["one", "two"]
-    assert clip_ids(["clip.mp3", "clip.ogg", "clip.m4a", "other.wav"]) == ["clip.mp3", "clip.ogg", "clip.m4a", "other"]
-
-
-def test_clip_ids_of_one_file_name_in_two_folders_name_the_folder():
-    assert clip_ids(["x/a/clip.wav", "x/b/clip.wav", "x/b/clip.ogg"]) == ["a/clip.wav", "b/clip.wav", "clip.ogg"]
-    assert clip_ids(["x/a/clip.wav", "y/a/clip.wav"]) == ["x/a/clip.wav", "y/a/clip.wav"]
-    assert clip_ids([Path("clip.wav"), "./clip.wav", "x/clip.wav"])[2] == "x/clip.wav"
-
-
-def test_clip_ids_are_unique_even_for_one_file_given_twice():
-    assert clip_ids(["clip.wav", "./clip.wav", "other.wav", "clip.wav"]) == ["clip", "clip#2", "other", "clip#3"]
 
 
 def encoded(fmt: str) -> bytes:

@@ -3,6 +3,7 @@ import subprocess
 import sys
 
 import pytest
+import soundfile
 
 from specasr.cli import main
 from specasr.metrics import acceptance
@@ -247,3 +248,12 @@ def test_a_mistyped_store_folder_is_refused_and_not_made(capsys, tmp_path):
         main(["runs", "list", "--db", str(tmp_path / "typo" / "x.duckdb")])
     assert stop.value.code == 2
     assert "typo does not exist" in capsys.readouterr().err and not (tmp_path / "typo").exists()
+
+
+def test_clips_with_one_stem_keep_their_file_names_in_the_store(capsys, sample_clips, tmp_path):
+    db = tmp_path / "runs.duckdb"
+    audio, rate = soundfile.read(sample_clips[0].path)
+    for name in ("clip.wav", "clip.flac"):
+        soundfile.write(tmp_path / name, audio, rate)
+        assert main(["decode", str(tmp_path / name), "--draft", "random", "--k", "2", "--db", str(db)]) == 0
+    assert sorted(Store(db).runs().first_clip) == ["clip.flac", "clip.wav"]
