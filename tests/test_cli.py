@@ -230,17 +230,36 @@ def test_profile_prints_one_row_per_pass(capsys, sample_clips):
         (["--device", "tpu"], "--device: unknown device 'tpu'; use cpu, cuda or cuda:N"),
         (["--device", "meta"], "--device: specasr decodes on cpu or cuda, not meta"),
         (["--device", "mps"], "--device: specasr decodes on cpu or cuda, not mps"),
-        (["--half-width-ms", "nan"], "the window half-width must be a number of milliseconds >= 0, got nan"),
-        (["--half-width-ms", "-5"], "the window half-width must be a number of milliseconds >= 0, got -5"),
-        (["--max-seconds", "-1"], "the length limit must be a number of seconds > 0, got -1"),
+        (["--half-width-ms", "nan"], "--half-width-ms: expected a number >= 0, got 'nan'"),
+        (["--half-width-ms", "-5"], "--half-width-ms: expected a number >= 0, got '-5'"),
+        (["--max-seconds", "-1"], "--max-seconds: expected a number > 0, got '-1'"),
+        (["--max-seconds", "inf"], "--max-seconds: expected a number > 0, got 'inf'"),
+        (["--k", "0"], "--k: expected a whole number >= 1, got '0'"),
+        (["--k", "2.5"], "--k: expected a whole number >= 1, got '2.5'"),
+        (["--threshold", "1.5"], "--threshold: expected a number >= 0 and <= 1, got '1.5'"),
+        (["--runtime-layer", "-1"], "--runtime-layer: expected a whole number >= 0, got '-1'"),
     ],
 )
 def test_bad_options_get_one_message_naming_them(capsys, sample_clips, option, message):
-    try:
-        code = main(["decode", str(sample_clips[0].path), "--no-store", *option])
-    except SystemExit as stop:  # argparse's own refusal
-        code = stop.code
-    assert code == 2 and message in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:  # argparse's own refusal, before any work
+        main(["decode", str(sample_clips[0].path), "--no-store", *option])
+    assert stop.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["bench", "--repeats", "0"], "--repeats: expected a whole number >= 1, got '0'"),
+        (["experiment", "--clips", "-3"], "--clips: expected a whole number >= 1, got '-3'"),
+        (["experiment", "--threshold", "0,nan"], "--threshold: expected a number >= 0 and <= 1, got 'nan'"),
+        (["train", "--lr", "0"], "--lr: expected a number > 0, got '0'"),
+        (["runs", "list", "--k", "x"], "--k: expected a whole number >= 1, got 'x'"),
+    ],
+)
+def test_bad_numbers_are_refused_by_every_command(capsys, argv, message):
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_a_mistyped_store_folder_is_refused_and_not_made(capsys, tmp_path):

@@ -14,6 +14,7 @@ from specasr.cli.options import (
     add_store_options,
     drafts,
     listed,
+    number,
     out_file,
     settings,
 )
@@ -30,9 +31,12 @@ from specasr.trace import DECODERS, Settings
 def add_parser(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser("bench", help="time greedy vs speculative decoding on the same clips")
     p.add_argument("--speech-dir", type=Path, default=DEFAULT_SPEECH_DIR)
-    p.add_argument("--clips", type=int, default=20, help="N clips spread evenly over the manifest")
+    p.add_argument("--clips", type=number(int, 1), default=20, help="N clips spread evenly over the manifest")
     p.add_argument(
-        "--repeats", type=int, default=REPEATS, help="timing repetitions per clip, interleaved; intervals resample them"
+        "--repeats",
+        type=number(int, 1),
+        default=REPEATS,
+        help="timing repetitions per clip, interleaved; intervals resample them",
     )
     p.add_argument(
         "--peers", type=listed(str, DECODERS[1:]), default=(), help=f"peer decoders, e.g. {','.join(DECODERS[1:])}"

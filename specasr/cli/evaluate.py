@@ -5,7 +5,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from specasr.cli.options import add_clip_options, checked, settings
+from specasr.cli.options import add_clip_options, checked, number, settings
 from specasr.dataset import DEFAULT_SPEECH_DIR, load_manifest
 from specasr.metrics import word_error_rate
 from specasr.pipeline import Pipeline
@@ -14,7 +14,7 @@ from specasr.pipeline import Pipeline
 def add_parser(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser("eval", help="greedy WER of a target on a speech set (manifest.tsv)")
     p.add_argument("--speech-dir", type=Path, default=DEFAULT_SPEECH_DIR)
-    p.add_argument("--limit", type=int, default=None, help="only the first N utterances")
+    p.add_argument("--limit", type=number(int, 1), default=None, help="only the first N utterances")
     add_clip_options(p)
     p.set_defaults(run=run)
 

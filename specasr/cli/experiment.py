@@ -13,6 +13,7 @@ from specasr.cli.options import (
     checked,
     drafts,
     evaluation_clips,
+    number,
     out_file,
     settings,
 )
@@ -29,7 +30,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     add_data_options(p, sets=True)
     p.add_argument(
         "--repeats",
-        type=int,
+        type=number(int, 1),
         default=REPEATS,
         help=f"timing repetitions per clip, interleaved; speed intervals resample them (under {REPEATS}: a warning)",
     )

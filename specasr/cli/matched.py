@@ -16,6 +16,7 @@ from specasr.cli.options import (
     drafts,
     evaluation_clips,
     listed,
+    number,
     settings,
 )
 from specasr.cli.output import RunStore, json_value, records
@@ -29,7 +30,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     add_data_options(p, sets=True)
     add_clip_options(p)
     add_draft_options(p, several=True)
-    p.add_argument("--k", type=int, default=4, help="depths followed from each round start")
+    p.add_argument("--k", type=number(int, 1), default=4, help="depths followed from each round start")
     p.add_argument(
         "--window", type=listed(str, WINDOWS), default=("unrestricted", "correct", "shift"), help=", ".join(WINDOWS)
     )

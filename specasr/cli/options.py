@@ -1,6 +1,7 @@
 """The options commands share, checked where they are parsed, and the one way they become Settings."""
 
 import argparse
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
@@ -54,20 +55,39 @@ def layers(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected layer numbers separated by commas, got {text!r}") from None
 
 
-def listed(kind: type, choices: Sequence | None = None) -> Callable[[str], tuple]:
-    def parse(text: str) -> tuple:
+def number(kind: type, low: float | None = None, high: float | None = None, above: bool = False) -> Callable:
+    """A finite int or float from `low` (excluded where `above`) to `high`; anything else refused with the range."""
+    bounds = [
+        f"{'>' if above else '>='} {low:g}" if low is not None else "",
+        f"<= {high:g}" if high is not None else "",
+    ]
+    wanted = f"{'a whole number' if kind is int else 'a number'} {' and '.join(filter(None, bounds))}".strip()
+
+    def parse(text: str) -> int | float:
         try:
-            values = tuple(kind(value) for value in text.split(","))
+            value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"expected {kind.__name__} values separated by commas, got {text!r}"
-            ) from None
+            value = None
+        fits = value is not None and math.isfinite(value)
+        fits = fits and (low is None or value > low or (value == low and not above))
+        if not (fits and (high is None or value <= high)):
+            raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}")
+        return value
+
+    return parse
+
+
+def listed(parse: Callable[[str], T], choices: Sequence | None = None) -> Callable[[str], tuple[T, ...]]:
+    """Comma-separated values, each read by `parse` (and one of `choices`, where given)."""
+
+    def parse_all(text: str) -> tuple:
+        values = tuple(parse(value) for value in text.split(","))
         unknown = [v for v in values if choices is not None and v not in choices]
         if unknown:
             raise argparse.ArgumentTypeError(f"unknown {', '.join(unknown)}; choose from {', '.join(choices)}")
         return values
 
-    return parse
+    return parse_all
 
 
 def device(text: str) -> str:
@@ -121,7 +141,10 @@ def add_clip_options(parser: argparse.ArgumentParser) -> None:
         "--eager", action="store_true", help="run every decoding step from the host (on CUDA: no captured graphs)"
     )
     parser.add_argument(
-        "--max-seconds", type=float, default=DEFAULT_MAX_SECONDS, help="longest clip accepted (decoded in 30 s windows)"
+        "--max-seconds",
+        type=number(float, 0, above=True),
+        default=DEFAULT_MAX_SECONDS,
+        help="longest clip accepted (decoded in 30 s windows)",
     )
 
 
@@ -144,25 +167,29 @@ def add_draft_options(parser: argparse.ArgumentParser, several: bool = False) ->
 
 def add_window_options(parser: argparse.ArgumentParser) -> None:
     """The window's width and the runtime window's layer; the window itself is each command's own option."""
-    parser.add_argument("--half-width-ms", type=float, default=400.0)
-    parser.add_argument("--runtime-layer", type=int, default=None, help="target layer (0-based) for runtime windows")
+    parser.add_argument("--half-width-ms", type=number(float, 0), default=400.0)
+    parser.add_argument(
+        "--runtime-layer", type=number(int, 0), default=None, help="target layer (0-based) for runtime windows"
+    )
 
 
 def add_speculative_options(parser: argparse.ArgumentParser, several_drafts: bool = False, grid: bool = False) -> None:
     """grid: --window, --k and --threshold take comma-separated lists, the axes of an experiment."""
     add_draft_options(parser, several_drafts)
     if grid or several_drafts:
-        parser.add_argument("--k", type=listed(int), default=(4,), help="proposals per round, e.g. 2,4,8")
+        parser.add_argument("--k", type=listed(number(int, 1)), default=(4,), help="proposals per round, e.g. 2,4,8")
     else:
-        parser.add_argument("--k", type=int, default=4, help="most draft proposals per round")
+        parser.add_argument("--k", type=number(int, 1), default=4, help="most draft proposals per round")
     if grid:
         parser.add_argument("--window", type=listed(str), default=("unrestricted",), help=", ".join(WINDOWS))
         parser.add_argument(
-            "--threshold", type=listed(float), default=(0.0,), help="draft confidence stops, e.g. 0,0.3"
+            "--threshold", type=listed(number(float, 0, 1)), default=(0.0,), help="draft confidence stops, e.g. 0,0.3"
         )
     else:
         parser.add_argument("--window", default="unrestricted", choices=WINDOWS)
-        parser.add_argument("--threshold", type=float, default=0.0, help="stop proposing below this draft confidence")
+        parser.add_argument(
+            "--threshold", type=number(float, 0, 1), default=0.0, help="stop proposing below this draft confidence"
+        )
     add_window_options(parser)
     parser.add_argument(
         "--reference",
@@ -193,11 +220,11 @@ def add_data_options(parser: argparse.ArgumentParser, sets: bool = False) -> Non
         default=DEFAULT_SPEECH_DIR,
         help="a manifest.tsv or its folder; heldout: the held-out clips of ../shared/data/train-speech-2",
     )
-    parser.add_argument("--clips", type=int, default=20, help="N clips spread evenly over the manifest")
+    parser.add_argument("--clips", type=number(int, 1), default=20, help="N clips spread evenly over the manifest")
     if sets:
         parser.add_argument(
             "--min-set-clips",
-            type=int,
+            type=number(int, 1),
             default=MIN_SET_CLIPS,
             help="evaluation sets smaller than this are merged into one, or every metric pooled over all clips",
         )

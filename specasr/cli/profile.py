@@ -3,7 +3,7 @@
 import argparse
 import json
 
-from specasr.cli.options import add_clip_options, add_speculative_options, clip, settings
+from specasr.cli.options import add_clip_options, add_speculative_options, clip, number, settings
 from specasr.cli.output import records
 from specasr.pipeline import Pipeline
 from specasr.profiling import profile_round
@@ -12,7 +12,7 @@ from specasr.profiling import profile_round
 def add_parser(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser("profile", help="where a round's time goes: target step, verification and draft step")
     p.add_argument("audio")
-    p.add_argument("--repeats", type=int, default=50)
+    p.add_argument("--repeats", type=number(int, 1), default=50)
     p.add_argument("--json", action="store_true", help="print the table as a JSON list of rows")
     add_clip_options(p)
     add_speculative_options(p)

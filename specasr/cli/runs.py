@@ -6,7 +6,7 @@ from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
 
-from specasr.cli.options import UsageError, add_store_options
+from specasr.cli.options import UsageError, add_store_options, number
 from specasr.metrics import run_summary
 from specasr.store import Store
 from specasr.transfer import export_runs, import_runs
@@ -26,7 +26,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--target", default=None, help="list, export: only runs of this target")
     p.add_argument("--draft", default=None, help="list, export: only runs of this draft")
     p.add_argument("--window", default=None, choices=WINDOWS, help="list, export: only runs with this window")
-    p.add_argument("--k", type=int, default=None, help="list, export: only runs with this K")
+    p.add_argument("--k", type=number(int, 1), default=None, help="list, export: only runs with this K")
     p.add_argument("--dataset", default=None, help="list, export: only runs that decoded clips of this dataset")
     p.add_argument(
         "--since",

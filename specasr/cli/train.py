@@ -7,7 +7,7 @@ import torch.distributed as dist
 
 from specasr.align import get_aligner
 from specasr.cache import cache_dir
-from specasr.cli.options import add_aligner_option, add_target_options, checked, layers
+from specasr.cli.options import add_aligner_option, add_target_options, checked, layers, number
 from specasr.targets import load_target
 from specasr.train import INITS, VARIANTS, TrainConfig, distributed, train
 from specasr.trainset import data_hash, prepare_examples, training_sources
@@ -34,25 +34,39 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser("train", help="train a draft (control, anchordraft or no-audio) for a target")
     add_target_options(p)
     p.add_argument("--variant", default="anchordraft", choices=list(VARIANTS))
-    p.add_argument("--epochs", type=int, default=20)
-    p.add_argument("--batch-size", type=int, default=12)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--unroll", type=int, default=3, help="draft depths trained per position")
+    p.add_argument("--epochs", type=number(int, 1), default=20)
+    p.add_argument("--batch-size", type=number(int, 1), default=12)
+    p.add_argument("--lr", type=number(float, 0, above=True), default=1e-3)
+    p.add_argument("--unroll", type=number(int, 1), default=3, help="draft depths trained per position")
     p.add_argument("--taps", type=layers, default=None, help="target layers the draft reads, e.g. 3,6")
-    p.add_argument("--ffn-dim", type=int, default=None, help="draft feed-forward width (default: the target's)")
-    p.add_argument("--draft-vocab", type=int, default=4096, help="reduced draft vocabulary size; 0 for the full one")
+    p.add_argument(
+        "--ffn-dim", type=number(int, 1), default=None, help="draft feed-forward width (default: the target's)"
+    )
+    p.add_argument(
+        "--draft-vocab", type=number(int, 0), default=4096, help="reduced draft vocabulary size; 0 for the full one"
+    )
     p.add_argument(
         "--init", default="random", choices=INITS, help="target-layer: start as the target's last decoder layer"
     )
-    p.add_argument("--sigma-ms", type=float, default=400.0, help="width of the anchor loss's Gaussian target")
-    p.add_argument("--anchor-weight", type=float, default=None, help="lambda (default: 0.1 anchordraft, 0 control)")
-    p.add_argument("--feature-noise", type=float, default=0.6, help="input-feature noise, in feature stds")
-    p.add_argument("--real", type=int, default=251, help="clips of ../shared/data/train-speech")
     p.add_argument(
-        "--real-2", type=int, default=0, help="clips of ../shared/data/train-speech-2 (its held-out clips never)"
+        "--sigma-ms",
+        type=number(float, 0, above=True),
+        default=400.0,
+        help="width of the anchor loss's Gaussian target",
     )
-    p.add_argument("--espeak", type=int, default=400, help="espeak-ng sentences from ../shared/data/text")
-    p.add_argument("--hibari", type=int, default=200, help="hibari-tts sentences from ../shared/data/text")
+    p.add_argument(
+        "--anchor-weight", type=number(float, 0), default=None, help="lambda (default: 0.1 anchordraft, 0 control)"
+    )
+    p.add_argument("--feature-noise", type=number(float, 0), default=0.6, help="input-feature noise, in feature stds")
+    p.add_argument("--real", type=number(int, 0), default=251, help="clips of ../shared/data/train-speech")
+    p.add_argument(
+        "--real-2",
+        type=number(int, 0),
+        default=0,
+        help="clips of ../shared/data/train-speech-2 (its held-out clips never)",
+    )
+    p.add_argument("--espeak", type=number(int, 0), default=400, help="espeak-ng sentences from ../shared/data/text")
+    p.add_argument("--hibari", type=number(int, 0), default=200, help="hibari-tts sentences from ../shared/data/text")
     add_aligner_option(p)
     p.add_argument("--seed", type=int, default=0, help="the draft's initialisation, batch order and feature noise")
     p.add_argument(
