@@ -18,7 +18,7 @@ from torch import Tensor
 from specasr.draft import Draft
 from specasr.targets import Target
 from specasr.targets.base import audio_peaks
-from specasr.trace import DraftStep, Round, Settings, Timings, VerifiedToken
+from specasr.trace import DraftStep, Round, Settings, SettingsError, Timings, VerifiedToken
 from specasr.windows import NO_WINDOW, RUNTIME_WINDOWS, WindowPolicy
 
 FREE_READ_DEVICES = ("cpu",)  # reading a proposal's confidence there costs no wait, so a round stops drafting at it
@@ -184,7 +184,10 @@ def greedy_tokens(target: Target, memory: Tensor) -> list[int]:
 
 def runtime_layer(settings: Settings, target: Target) -> int:
     """The decoder layer the runtime windows read: the settings' where they name one, else the target's."""
-    return settings.runtime_layer if settings.runtime_layer is not None else target.runtime_layer
+    layer = settings.runtime_layer if settings.runtime_layer is not None else target.runtime_layer
+    if not 0 <= layer < target.n_layers:
+        raise SettingsError(f"runtime layer {layer} is not one of the target's decoder layers 0..{target.n_layers - 1}")
+    return layer
 
 
 @dataclass(frozen=True)
@@ -205,8 +208,6 @@ class LoopOptions:
         """The runtime layer is the settings' (the target's by default); a verification pass reads every layer to
         record verification peaks, else the runtime layer for the runtime windows, else none."""
         layer = runtime_layer(settings, target)
-        if not 0 <= layer < target.n_layers:
-            raise ValueError(f"runtime layer {layer} outside the target's {target.n_layers} decoder layers")
         runtime = settings.window in RUNTIME_WINDOWS
         layers = tuple(range(target.n_layers)) if settings.verify_peaks else (layer,) if runtime else ()
         return cls(

@@ -21,6 +21,10 @@ REFERENCE_SOURCES = ("auto", "always", "never")  # or the path of a JSON file of
 DECODERS = ("specasr", "faster-whisper", "transformers", "transformers-assisted")  # ours, then specasr.peers' peers
 
 
+class SettingsError(ValueError):
+    """Settings that cannot be decoded under, alone or with their target: the message says which value and why."""
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything a decode is asked to do; with a clip, the pipeline's whole input."""
@@ -46,24 +50,26 @@ class Settings:
 
     def __post_init__(self):
         if self.window not in WINDOWS:
-            raise ValueError(f"unknown window {self.window!r}; choose one of {', '.join(WINDOWS)}")
+            raise SettingsError(f"unknown window {self.window!r}; choose one of {', '.join(WINDOWS)}")
         low = 0 if self.draft is None else 1
         if not low <= self.k <= 64:
-            raise ValueError(f"K must be between 1 and 64, got {self.k}")
+            raise SettingsError(f"K must be between 1 and 64, got {self.k}")
         if not 0 <= self.threshold < 1:
-            raise ValueError(f"the confidence threshold must be in [0, 1), got {self.threshold}")
+            raise SettingsError(f"the confidence threshold must be in [0, 1), got {self.threshold}")
         if self.decoder not in DECODERS:
-            raise ValueError(f"unknown decoder {self.decoder!r}; choose one of {', '.join(DECODERS)}")
+            raise SettingsError(f"unknown decoder {self.decoder!r}; choose one of {', '.join(DECODERS)}")
         if self.decoder != "specasr" and (self.draft is not None or self.reference not in ("auto", "never")):
-            raise ValueError(
+            raise SettingsError(
                 f"the {self.decoder} decoder runs greedy and records tokens and timings only: no draft, no reference"
             )
         if (self.assistant is not None) != (self.decoder == "transformers-assisted"):
-            raise ValueError("an assistant goes with the transformers-assisted decoder, and that decoder needs one")
+            raise SettingsError("an assistant goes with the transformers-assisted decoder, and that decoder needs one")
         if not self.half_width_ms >= 0:  # NaN too
-            raise ValueError(f"the window half-width must be a number of milliseconds >= 0, got {self.half_width_ms:g}")
+            raise SettingsError(
+                f"the window half-width must be a number of milliseconds >= 0, got {self.half_width_ms:g}"
+            )
         if not self.max_seconds > 0:
-            raise ValueError(f"the length limit must be a number of seconds > 0, got {self.max_seconds:g}")
+            raise SettingsError(f"the length limit must be a number of seconds > 0, got {self.max_seconds:g}")
 
     @property
     def needs_reference(self) -> bool:

@@ -276,3 +276,17 @@ def test_clips_with_one_stem_keep_their_file_names_in_the_store(capsys, sample_c
         soundfile.write(tmp_path / name, audio, rate)
         assert main(["decode", str(tmp_path / name), "--draft", "random", "--k", "2", "--db", str(db)]) == 0
     assert sorted(Store(db).runs().first_clip) == ["clip.flac", "clip.wav"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["bench", "--clips", "1", "--window", "runtime", "--runtime-layer", "9", "--no-store"], "layers 0..3"),
+        (["matched", "--clips", "1", "--window", "runtime", "--runtime-layer", "9"], "layers 0..3"),
+        (["train", "--real", "0", "--espeak", "0", "--hibari", "0"], "no training clips: give at least one of"),
+    ],
+)
+def test_settings_that_do_not_fit_are_refused_before_any_work(capsys, speech, argv, message):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1].startswith("error: ") and message in err

@@ -141,7 +141,7 @@ def test_loop_options_read_the_layers_each_window_needs():
     chosen = LoopOptions.of(replace(runtime, runtime_layer=1, verify_peaks=True), target)
     assert (chosen.attention_layers, chosen.readout) == ((0, 1, 2), 1)
     assert LoopOptions.of(replace(base, verify_peaks=True), target).readout is None
-    with pytest.raises(ValueError, match="runtime layer 3 outside the target's 3 decoder layers"):
+    with pytest.raises(ValueError, match=r"runtime layer 3 is not one of the target's decoder layers 0\.\.2"):
         LoopOptions.of(replace(runtime, runtime_layer=3), target)
 
 

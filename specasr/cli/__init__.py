@@ -25,6 +25,7 @@ from specasr.cli.options import UsageError
 from specasr.draft import DraftMismatchError
 from specasr.store import StoreError
 from specasr.targets import TargetUnavailableError
+from specasr.trace import SettingsError
 
 DESCRIPTION = "transcribe, decode, align, eval, bench, profile, precision, experiment, matched, runs, train, drafts"
 COMMANDS = (transcribe, evaluate, decode, align, runs, experiment, matched, train, drafts, profile, precision, bench)
@@ -36,6 +37,7 @@ USER_ERRORS = (
     AlignmentError,
     AlignerUnavailableError,
     FileNotFoundError,
+    SettingsError,
     StoreError,
     UsageError,
 )

@@ -7,7 +7,7 @@ import torch.distributed as dist
 
 from specasr.align import get_aligner
 from specasr.cache import cache_dir
-from specasr.cli.options import add_aligner_option, add_target_options, checked, layers, number
+from specasr.cli.options import UsageError, add_aligner_option, add_target_options, checked, layers, number
 from specasr.targets import load_target
 from specasr.train import INITS, VARIANTS, TrainConfig, distributed, train
 from specasr.trainset import data_hash, prepare_examples, training_sources
@@ -85,6 +85,8 @@ def run(args: argparse.Namespace) -> None:
     aligner = get_aligner(args.aligner)
     target = load_target(args.target, args.device, args.dtype)
     sources = training_sources(args.real, args.real_2, args.espeak, args.hibari, args.data_seed)
+    if not any(source.count for source in sources):
+        raise UsageError("no training clips: give at least one of --real, --real-2, --espeak or --hibari above 0")
     rank, _ = distributed()
     if rank == 0:  # one process fills the feature cache; under torchrun the others wait, then read it
         examples = prepare_examples(target, sources, aligner)
