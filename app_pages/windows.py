@@ -37,14 +37,14 @@ def run_windows(clip, settings) -> dict:
             except widgets.DECODE_ERRORS as error:
                 widgets.report(error)
                 return {}
-        try:
-            runs = {window: widgets.store().write_run([trace], "dashboard") for window, trace in traces.items()}
-        except widgets.DECODE_ERRORS as error:
-            widgets.report(error)
-            return {}
+        written, unstored = widgets.try_store(
+            lambda: widgets.store().write_runs([([trace], None) for trace in traces.values()], "dashboard")
+        )
         status.update(label="Done", state="complete", expanded=False)
     reasons = {w: r for w, r in reasons.items() if r}
-    return {"traces": traces, "reasons": reasons, "runs": runs, "differences": differences_from_base(traces)}
+    runs = dict(zip(traces, written or [None] * len(traces), strict=True))
+    differences = differences_from_base(traces)
+    return {"traces": traces, "reasons": reasons, "runs": runs, "unstored": unstored, "differences": differences}
 
 
 def differences_from_base(traces: dict) -> dict[str, Comparison]:
@@ -61,6 +61,8 @@ result = st.session_state.get("windows")
 if not result or not result["traces"]:
     st.info("Pick a clip and press Run every window.")
     st.stop()
+if result["unstored"]:
+    st.warning(f"These decodes were not stored: {result['unstored']}")
 for window, reason in result["reasons"].items():
     st.warning(f"{window}: {reason}" if window in result["traces"] else f"{window}: not run; {reason}")
 
@@ -97,6 +99,7 @@ if differences:
     rows = [c.table().assign(window=w) for w, c in differences.items()]
     st.dataframe(pd.concat(rows)[["window", *COLUMNS]], hide_index=True, key="differences")
     st.caption(next(iter(differences.values())).caption("the row's window", BASE))
-    for window in differences:
-        query = {"a": result["runs"][window], "b": result["runs"][BASE]}
-        st.page_link("app_pages/compare.py", label=f"Open {window} and {BASE} side by side", query_params=query)
+    if result["unstored"] is None:  # runs that were not stored have no page to open
+        for window in differences:
+            query = {"a": result["runs"][window], "b": result["runs"][BASE]}
+            st.page_link("app_pages/compare.py", label=f"Open {window} and {BASE} side by side", query_params=query)

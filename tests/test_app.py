@@ -162,6 +162,18 @@ def test_windows_page_draws_every_window():
     assert set(differences.window) == set(WINDOWS) - {"unrestricted"} and differences.low.isna().all()
 
 
+def test_windows_the_store_cannot_take_stay_on_screen_and_say_so(monkeypatch):
+    full_disk = fill_the_disk(monkeypatch)
+    app = page("windows")
+    use_random_draft(app, k=3)
+    app.button(key="run_windows").click().run()
+    assert not app.exception and not app.error
+    summary = frame_with(app, "window", "L", "run")
+    assert summary.window.tolist() == list(WINDOWS) and summary.run.isna().all()
+    assert f"These decodes were not stored: {full_disk}" in [w.value for w in app.warning]
+    assert not app.get("page_link")  # no side-by-side links to runs that do not exist
+
+
 def test_checkpoints_page_compares_two_drafts():
     app = page("checkpoints")
     app.multiselect(key="checkpoint_drafts").set_value(["whisper-tiny.en/anchordraft", "random"])
