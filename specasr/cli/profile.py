@@ -3,7 +3,7 @@
 import argparse
 import json
 
-from specasr.cli.options import add_clip_options, add_speculative_options, clip, number, settings
+from specasr.cli.options import add_clip_options, add_draft_options, clip, number, settings
 from specasr.cli.output import records
 from specasr.pipeline import Pipeline
 from specasr.profiling import profile_round
@@ -15,7 +15,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=number(int, 1), default=50)
     p.add_argument("--json", action="store_true", help="print the table as a JSON list of rows")
     add_clip_options(p)
-    add_speculative_options(p)
+    add_draft_options(p)  # a round's passes, timed without a window: no window options
+    p.add_argument("--k", type=number(int, 1), default=4, help="draft proposals per profiled round")
     p.set_defaults(run=run)
 
 
