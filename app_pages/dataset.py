@@ -100,10 +100,11 @@ def decode(utterances: list[Utterance], settings: Settings, keep_audio: bool) ->
 
 
 def report_outcome(outcome: clipset.SetDecode) -> None:
-    st.success(
-        f"{outcome.decoded} clips decoded and stored; {outcome.reused} reused from the store, already decoded under "
-        "these settings."
-    )
+    if outcome.decoded or outcome.reused:
+        st.success(
+            f"{outcome.decoded} clips decoded and stored; {outcome.reused} reused from the store, already decoded "
+            "under these settings."
+        )
     if outcome.unstored:
         st.warning(f"{len(outcome.unstored)} clips decoded but not stored: {outcome.store_error}")
     if outcome.problems:
