@@ -236,7 +236,7 @@ def test_profile_prints_one_row_per_pass(capsys, sample_clips):
         (["--max-seconds", "inf"], "--max-seconds: expected a number > 0, got 'inf'"),
         (["--k", "0"], "--k: expected a whole number >= 1, got '0'"),
         (["--k", "2.5"], "--k: expected a whole number >= 1, got '2.5'"),
-        (["--threshold", "1.5"], "--threshold: expected a number >= 0 and <= 1, got '1.5'"),
+        (["--threshold", "1"], "--threshold: expected a number >= 0 and < 1, got '1'"),
         (["--runtime-layer", "-1"], "--runtime-layer: expected a whole number >= 0, got '-1'"),
     ],
 )
@@ -251,7 +251,7 @@ def test_bad_options_get_one_message_naming_them(capsys, sample_clips, option, m
     [
         (["bench", "--repeats", "0"], "--repeats: expected a whole number >= 1, got '0'"),
         (["experiment", "--clips", "-3"], "--clips: expected a whole number >= 1, got '-3'"),
-        (["experiment", "--threshold", "0,nan"], "--threshold: expected a number >= 0 and <= 1, got 'nan'"),
+        (["experiment", "--threshold", "0,nan"], "--threshold: expected a number >= 0 and < 1, got 'nan'"),
         (["train", "--lr", "0"], "--lr: expected a number > 0, got '0'"),
         (["runs", "list", "--k", "x"], "--k: expected a whole number >= 1, got 'x'"),
     ],

@@ -55,11 +55,14 @@ def layers(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected layer numbers separated by commas, got {text!r}") from None
 
 
-def number(kind: type, low: float | None = None, high: float | None = None, above: bool = False) -> Callable:
-    """A finite int or float from `low` (excluded where `above`) to `high`; anything else refused with the range."""
+def number(
+    kind: type, low: float | None = None, high: float | None = None, above: bool = False, below: bool = False
+) -> Callable:
+    """A finite int or float from `low` to `high` (either excluded where `above`, `below`); anything else refused
+    with the range."""
     bounds = [
         f"{'>' if above else '>='} {low:g}" if low is not None else "",
-        f"<= {high:g}" if high is not None else "",
+        f"{'<' if below else '<='} {high:g}" if high is not None else "",
     ]
     wanted = f"{'a whole number' if kind is int else 'a number'} {' and '.join(filter(None, bounds))}".strip()
 
@@ -70,7 +73,7 @@ def number(kind: type, low: float | None = None, high: float | None = None, abov
             value = None
         fits = value is not None and math.isfinite(value)
         fits = fits and (low is None or value > low or (value == low and not above))
-        if not (fits and (high is None or value <= high)):
+        if not (fits and (high is None or value < high or (value == high and not below))):
             raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}")
         return value
 
@@ -183,12 +186,18 @@ def add_speculative_options(parser: argparse.ArgumentParser, several_drafts: boo
     if grid:
         parser.add_argument("--window", type=listed(str), default=("unrestricted",), help=", ".join(WINDOWS))
         parser.add_argument(
-            "--threshold", type=listed(number(float, 0, 1)), default=(0.0,), help="draft confidence stops, e.g. 0,0.3"
+            "--threshold",
+            type=listed(number(float, 0, 1, below=True)),
+            default=(0.0,),
+            help="draft confidence stops, e.g. 0,0.3",
         )
     else:
         parser.add_argument("--window", default="unrestricted", choices=WINDOWS)
         parser.add_argument(
-            "--threshold", type=number(float, 0, 1), default=0.0, help="stop proposing below this draft confidence"
+            "--threshold",
+            type=number(float, 0, 1, below=True),
+            default=0.0,
+            help="stop proposing below this draft confidence",
         )
     add_window_options(parser)
     parser.add_argument(
