@@ -24,7 +24,7 @@ from specasr.peers import Peer, load_peer
 from specasr.reference import ClipReference, align_tokens, check_reference_length, read_reference_file
 from specasr.store import Store, StoreError
 from specasr.targets import DTYPES, Target, load_target
-from specasr.trace import REFERENCE_SOURCES, Round, Segment, Settings, Trace, code_version
+from specasr.trace import REFERENCE_SOURCES, Round, Segment, Settings, SettingsError, Trace, code_version
 from specasr.windows import RUNTIME_WINDOWS
 from specasr.words import normalize_for_alignment
 
@@ -270,7 +270,7 @@ class Pipeline:
 def _reference_file(path: Path, clip: Clip, target: Target) -> ClipReference:
     """Frames a user supplied: a JSON list with one clip frame (or null) per transcript token, inside the clip."""
     if len(clip.audio) > target.window_samples:
-        raise ValueError(
+        raise SettingsError(
             f"--reference {path} serves clips of one {target.window_samples / SAMPLE_RATE:g} s window; {clip.id} is "
             f"{clip.seconds:.1f} s long: leave --reference out to have it aligned window by window"
         )

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from specasr.align import Aligner
+from specasr.trace import SettingsError
 from specasr.words import WordTime, alphanumerics, char_times_from_words, normalize_for_alignment
 
 if TYPE_CHECKING:
@@ -122,25 +123,25 @@ def read_reference_file(path: Path, valid_frames: int) -> list[int | None]:
     try:
         frames = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError) as error:
-        raise ValueError(f"--reference {path}: cannot read it ({error})") from error
+        raise SettingsError(f"--reference {path}: cannot read it ({error})") from error
     except json.JSONDecodeError as error:
-        raise ValueError(f"--reference {path} is not JSON ({error})") from error
+        raise SettingsError(f"--reference {path} is not JSON ({error})") from error
     # bool is a subclass of int, and true is no frame number
     if not isinstance(frames, list) or not all(f is None or type(f) is int for f in frames):
-        raise ValueError(
+        raise SettingsError(
             f"--reference {path} must hold a JSON list of frame numbers (whole numbers, or null), "
             "one per transcript token"
         )
     outside = next((f for f in frames if f is not None and not 0 <= f < valid_frames), None)
     if outside is not None:
-        raise ValueError(f"--reference {path}: frame {outside} is outside the clip's frames 0..{valid_frames - 1}")
+        raise SettingsError(f"--reference {path}: frame {outside} is outside the clip's frames 0..{valid_frames - 1}")
     return frames
 
 
 def check_reference_length(path: str | Path, frames: list[int | None], transcript_tokens: int) -> None:
     """A --reference file has one frame (or null) per token of the transcript it is decoded with."""
     if len(frames) != transcript_tokens:
-        raise ValueError(
+        raise SettingsError(
             f"--reference {path} holds {len(frames)} frames; the transcript has {transcript_tokens} tokens, "
             "and the file needs one frame (or null) for each"
         )
