@@ -19,7 +19,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from specasr.targets import Target
-from specasr.targets.base import step_positions
+from specasr.targets.base import TreeRows, attention_mask, step_positions
 from specasr.targets.packed import PackedLinears
 
 
@@ -226,27 +226,30 @@ class Draft(nn.Module):
         cache: DraftCache,
         window: Tensor | None = None,
         positions: Tensor | None = None,
+        tree: TreeRows | None = None,
     ) -> DraftOutput:
-        """Steps at positions cache.length.. for target features (batch, T, F) and tokens x_{t+1} (batch, T).
+        """Steps at slots cache.length.. for target features (batch, T, F) and tokens x_{t+1} (batch, T).
 
         window: (batch, T, frames) boolean over the cache's audio frames, the ones each step may attend; None
         allows every valid frame.
-        positions: (T,) the steps' positions as a device tensor (a CUDA graph's input); the caller then keeps
-        cache.length, which a step without them advances itself.
+        positions: (T,) the steps' slots as a device tensor (a CUDA graph's input); the caller then keeps
+        cache.length, which a step without them advances itself. Without a tree a step sits at its slot and sees
+        every slot up to its own.
+        tree: the steps' own positions and what they see, where they expand a tree of candidates.
         """
-        positions, end = step_positions(cache, tokens.shape[1], positions, tokens.device)
-        x = self.embed(features, tokens, positions)
+        slots, end = step_positions(cache, tokens.shape[1], positions, tokens.device)
+        x = self.embed(features, tokens, slots if tree is None else tree.positions)
         q, k, v = self.self_qkv(x)
-        cache.keys.index_copy_(2, positions, k)
-        cache.values.index_copy_(2, positions, v)
+        cache.keys.index_copy_(2, slots, k)
+        cache.values.index_copy_(2, slots, v)
         visible = cache.capacity if cache.static else end
-        causal = torch.arange(visible, device=x.device) <= positions[:, None]
+        mask = attention_mask(slots, visible, tree)
         audio, frames = None, 0
         if self.config.audio:
             audio, frames = (cache.audio_keys, cache.audio_values), cache.audio_keys.shape[2]
         if window is None:
             window = (torch.arange(frames, device=x.device) < cache.valid_frames)[None, None]
-        return self.block(x, q, cache.keys[:, :, :visible], cache.values[:, :, :visible], causal, audio, window)
+        return self.block(x, q, cache.keys[:, :, :visible], cache.values[:, :, :visible], mask, audio, window)
 
     def logits(self, hidden: Tensor) -> Tensor:
         """Scores over the draft vocabulary through the target's frozen LM head; only for the rows that need them."""

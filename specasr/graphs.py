@@ -16,11 +16,22 @@ from typing import TypeVar
 import torch
 from torch import Tensor
 
-from specasr.decode import Decoded, LoopOptions, Origin, SegmentRows, Stopwatch
-from specasr.draft import Draft
+from specasr import tree
+from specasr.decode import (
+    Decoded,
+    LoopOptions,
+    Origin,
+    Outcome,
+    RoundRecord,
+    SegmentRows,
+    Stopwatch,
+    node_limit,
+    verification_peaks,
+)
+from specasr.draft import Draft, DraftOutput
 from specasr.targets import Target
 from specasr.targets.base import DecoderOutput, audio_peaks
-from specasr.trace import Round, Settings
+from specasr.trace import Round
 from specasr.windows import NO_WINDOW, WindowPolicy
 
 GRAPH_DEVICES = ("cuda",)  # where steps are captured; elsewhere they run eagerly over the same tensors
@@ -85,10 +96,6 @@ def _copy_into(buffers, values) -> None:
             buffer.copy_(value)
         else:
             setattr(buffers, field.name, value)
-
-
-def _split(values: list, size: int) -> list[list]:
-    return [values[i : i + size] for i in range(0, len(values), size)]
 
 
 def _reused(captured: dict | None, key: tuple, make: Callable[[], Steps]) -> Steps:
@@ -180,55 +187,58 @@ class GreedySteps:
         return replay_seconds([self.next], [self.token, self.position], repeats)[0]
 
 
-@torch.inference_mode()
-def greedy(
-    target: Target,
-    memory: Tensor,
-    valid_frames: int,
-    verify_peaks: bool = False,
-    origin: Origin = Origin(),
-    captured: dict | None = None,
-) -> Decoded:
-    """`decode.greedy` as captured steps: the same tokens and rows. captured: where the steps are kept between
-    segments and clips; none: captured anew."""
-    steps = greedy_steps(captured, target, memory, verify_peaks)
-    steps.load(memory, valid_frames)
-    return steps.run(SegmentRows(target, origin, verify_peaks, len(steps.layers)))
+class CapturedGreedy:
+    """`decode.greedy` as captured steps, a Loop: the same tokens and rows. captured: where the steps are kept between
+    segments and clips (keyed by target and audio length); none: captured anew for every segment."""
 
+    def __init__(self, target: Target, verify_peaks: bool, captured: dict | None = None):
+        self.target, self.captured = target, captured
+        self.layers = tuple(range(target.n_layers)) if verify_peaks else ()
 
-def greedy_steps(captured: dict | None, target: Target, memory: Tensor, verify_peaks: bool) -> GreedySteps:
-    layers = tuple(range(target.n_layers)) if verify_peaks else ()
-    key = ("greedy", id(target), memory.shape[1], layers)
-    return _reused(captured, key, lambda: GreedySteps(target, memory, layers))
+    def steps(self, memory: Tensor) -> GreedySteps:
+        key = ("greedy", id(self.target), memory.shape[1], self.layers)
+        return _reused(self.captured, key, lambda: GreedySteps(self.target, memory, self.layers))
+
+    @torch.inference_mode()
+    def __call__(self, memory, valid_frames, origin=Origin(), reference=None, on_round=None) -> Decoded:
+        steps = self.steps(memory)
+        steps.load(memory, valid_frames)
+        return steps.run(SegmentRows(self.target, origin, bool(self.layers), len(self.layers)))
 
 
 @dataclass
 class RoundState:
-    """What a round reads and writes on the device."""
+    """What a round reads and writes on the device: the catch-up's rows, and the tree the drafting step hands the
+    verification step."""
 
     verified: Tensor  # (1,) transcript tokens the target has confirmed
     last: Tensor  # (1,) the row of `inputs` that holds the last of them
     features: Tensor  # (1, rows, taps x d_model) the target features the draft catches up on, real up to `last`
     inputs: Tensor  # (1, rows) the tokens x_{t+1} beside them
-    proposals: Tensor  # (K,) target token ids
-    confidences: Tensor  # (K,) the draft's probability of each
-    centres: Tensor  # (K,) each step's window centre
-    attention: Tensor  # (K, frames) each step's head-averaged audio attention (zeros without audio attention)
-    record: Tensor  # what the host reads: `RoundSteps.run` unpacks it
+    tokens: Tensor  # (N,) the nodes' target token ids
+    parents: Tensor  # (N + 1,) the block's parent rows
+    depths: Tensor  # (N + 1,)
+    sees: Tensor  # (N + 1, N + 1)
+    probabilities: Tensor  # (N,) the draft's, of each node's token below its parent
+    draft_peaks: Tensor  # (N,) frame of each node's draft attention peak (zeros without audio attention)
+    centres: Tensor  # (K,) each depth's window centre
+    attention: Tensor  # (N, frames) each node's head-averaged audio attention (zeros without audio attention)
+    record: Tensor  # what the host reads (float64): `decode.RoundRecord` after the prompt's pass
 
 
 class RoundSteps:
     """Static caches, window tables and state for one target, draft, audio length and loop options, and the three
-    steps over them: the prompt's pass, a round's drafting (the catch-up on the last verified tokens and K proposals)
-    and its verification (K + 1 tokens, the greedy choices, acceptance and the state for the next round). A round is
-    two replays, so that the device times drafting and verification apart."""
+    steps over them: the prompt's pass, a round's drafting (the catch-up on the last verified tokens and the tree) and
+    its verification (the root and N nodes, the greedy choices, acceptance, the accepted path moved into place and the
+    state for the next round). A round is two replays, so that the device times drafting and verification apart."""
 
     def __init__(self, target: Target, draft: Draft, memory: Tensor, options: LoopOptions):
-        device, frames, k = memory.device, memory.shape[1], options.k
+        device, frames, k, n = memory.device, memory.shape[1], options.k, options.nodes
         self.target, self.draft, self.options, self.k = target, draft, options, k
         self.layers, self.readout = options.attention_layers, options.readout
+        self.layout = RoundRecord(n, k, len(self.layers))
         rows = max(k + 1, len(target.prompt))  # a catch-up after the prompt's pass or after a verification
-        capacity = target.max_length + rows  # padding rows may run past the length limit
+        capacity = target.max_length + max(rows, options.room)  # rows past the length limit pad a step
         self.target_cache = target.new_cache(memory, capacity, static=True)
         self.draft_cache = draft.new_cache(memory, frames, capacity, frames=frames)
         self.policy = WindowPolicy(
@@ -242,11 +252,17 @@ class RoundSteps:
             last=torch.zeros(1, **on),
             features=torch.zeros(1, rows, width, dtype=target.dtype, device=device),
             inputs=torch.zeros(1, rows, **on),
-            proposals=torch.zeros(k, **on),
-            confidences=torch.zeros(k, device=device),
+            tokens=torch.zeros(n, **on),
+            parents=torch.zeros(n + 1, **on),
+            depths=torch.zeros(n + 1, **on),
+            sees=torch.zeros(n + 1, n + 1, dtype=torch.bool, device=device),
+            probabilities=torch.zeros(n, device=device),
+            draft_peaks=torch.zeros(n, **on),
             centres=torch.full((k,), NO_WINDOW, **on),
-            attention=torch.zeros(k, frames, device=device),
-            record=torch.zeros(3 + 4 * k + 1 + (k + 1) * len(self.layers), **on),
+            attention=torch.zeros(n, frames, device=device),
+            record=torch.zeros(
+                max(2 + len(self.layers), sum(self.layout.sizes().values())), dtype=torch.float64, device=device
+            ),
         )
         capture = device.type in GRAPH_DEVICES
         self.first = CapturedStep(self._first, capture)
@@ -261,10 +277,9 @@ class RoundSteps:
         self.policy.reset(valid_frames, reference)
 
     def _peaks(self, out: DecoderOutput) -> Tensor:
-        """(rows, attention layers) peak frame of each row; the runtime windows pay for this readout every round."""
-        if not self.layers:
-            return out.states.new_zeros(out.states.shape[1], 0, dtype=torch.long)
-        return audio_peaks(out.audio_attention, self.policy.valid_frames)
+        return verification_peaks(
+            out.audio_attention if self.layers else None, self.policy.valid_frames, out.states[0, :, 0]
+        )
 
     def _observe(self, first: int | Tensor, peaks: Tensor) -> None:
         if self.readout is not None:
@@ -286,7 +301,8 @@ class RoundSteps:
         state.record[: 2 + peaks.numel()].copy_(torch.cat([done.long(), first, peaks.reshape(-1)]))
 
     def _propose(self) -> None:
-        """The draft catches up on the rows the last pass verified and proposes K tokens."""
+        """The draft catches up on the rows the last pass verified and grows its tree; the N most probable nodes are
+        the next verification's block."""
         draft, policy, state, k = self.draft, self.policy, self.state, self.k
         n_prompt, frames = self.prompt.shape[1], self.draft_cache.frames
         verified, last = state.verified, state.last
@@ -296,85 +312,78 @@ class RoundSteps:
         caught_up = policy.centres(first + 2 - n_prompt, len(rows), verified)
         out = draft(state.features, state.inputs, self.draft_cache, policy.mask(caught_up, frames), first + rows)
         centres = torch.cat([caught_up.index_select(0, last), policy.centres(verified + 1, k - 1, verified)])
-        hidden, features = out.hidden.index_select(1, last)[:, 0], out.features.index_select(1, last)
-        attention = [] if out.attention is None else [out.attention[0].index_select(0, last)]
-        for depth in range(k):
-            confidence, choice = draft.logits(hidden).softmax(dim=-1).max(dim=-1)
-            proposal = draft.vocab_to_target(choice)
-            state.proposals[depth : depth + 1].copy_(proposal)
-            state.confidences[depth : depth + 1].copy_(confidence)
-            if depth + 1 == k:
-                break
-            window = policy.mask(centres[depth + 1 : depth + 2], frames)
-            out = draft(features, proposal[:, None], self.draft_cache, window, position + depth)
-            hidden, features = out.hidden[:, -1], out.features[:, -1:]
-            if out.attention is not None:
-                attention.append(out.attention[0, -1:])
+        attention = None if out.attention is None else out.attention.index_select(1, last)
+        root = DraftOutput(out.hidden.index_select(1, last), out.features.index_select(1, last), attention)
+        window = lambda centres: policy.mask(centres, frames)  # noqa: E731
+        candidates = tree.grow(draft, root, self.draft_cache, position, centres, window, self.options.width, k)
+        chosen = tree.choose(candidates, self.options.nodes)
+        block = tree.block(candidates, chosen, k)
+        for name in ("tokens", "probabilities", "parents", "depths", "sees"):
+            getattr(state, name).copy_(getattr(block, name))
         state.centres.copy_(centres)
-        if attention:
-            state.attention.copy_(torch.cat(attention))
+        if candidates.attention is not None:
+            state.attention.copy_(candidates.attention.index_select(0, candidates.sources.index_select(0, chosen)))
+            state.draft_peaks.copy_(state.attention.argmax(dim=-1))
 
     def _verify(self) -> None:
-        """The target verifies the last verified token and the K proposals in one pass; acceptance, the round's
-        record and the next round's state follow on the device."""
+        """The target verifies the root and the N nodes in one pass; acceptance, the accepted path moved into place in
+        its cache, the round's record and the next round's state follow on the device."""
         target, state, k = self.target, self.state, self.k
         n_prompt = self.prompt.shape[1]
         verified = state.verified.clone()
         position = n_prompt + verified - 1
-        block = torch.cat([state.inputs.index_select(1, state.last), state.proposals[None]], dim=1)
-        depths = torch.arange(k + 1, device=block.device)
-        out = target.forward(block, self.target_cache, self.draft.config.taps, self.layers, position + depths)
+        block = tree.Block(state.tokens, state.probabilities, state.parents, state.depths, state.sees)
+        tokens = torch.cat([state.inputs.index_select(1, state.last), state.tokens[None]], dim=1)
+        slots = position + torch.arange(tokens.shape[1], device=tokens.device)
+        out = target.forward(
+            tokens, self.target_cache, self.draft.config.taps, self.layers, slots, block.rows(position)
+        )
         choices = target.greedy_tokens(out.states, 1)[0]
-        peaks = self._peaks(out)
-        accepted, kept = self._accept(choices, verified)
-        ends = (choices == target.eot) & (depths <= accepted)  # the transcript takes choices up to `accepted`
+        budget = self.target.max_length - n_prompt - verified - 1
+        limit = node_limit(block, self.options.threshold, budget, k)
+        accepted, path = tree.accept(block, choices, target.eot, limit, k)
+        peaks, depths = self._peaks(out), torch.arange(k + 1, device=tokens.device)
+        new = choices.index_select(0, path)
+        ends = (new == target.eot) & (depths <= accepted)  # the transcript takes the path's choices up to `accepted`
         finished = ends.any()
         taken = torch.where(finished, ends.long().argmax(), accepted + 1)  # tokens it takes, end-of-text excluded
-        self._observe(verified, peaks)
+        self._observe(verified, peaks.index_select(0, path))
         state.verified.add_(taken)
-        done = finished | (n_prompt + state.verified >= target.max_length)
-        state.features[:, : k + 1].copy_(out.hidden)
-        state.inputs[:, : k + 1].copy_(choices[None])
+        if self.options.width > 1:  # a chain's path is in place already
+            self.target_cache.move(position + path, position + depths)
+        state.features[:, : k + 1].copy_(out.hidden.index_select(1, path))
+        state.inputs[:, : k + 1].copy_(new[None])
         state.last.copy_(accepted)
-        draft_peaks = state.attention.argmax(dim=-1)
-        record = [done.long(), accepted[None], kept, choices, state.proposals, draft_peaks, state.centres, peaks]
-        state.record.copy_(torch.cat([t.reshape(-1) for t in record]))
-
-    def _accept(self, choices: Tensor, verified: Tensor) -> tuple[Tensor, Tensor]:
-        """How many proposals the target keeps (`decode.accepted_length`, on the device) of the ones the round
-        proposed: K, fewer at the length limit or past the first proposal below the confidence threshold."""
-        state, k, eot = self.state, self.k, self.target.eot
-        depths = torch.arange(k, device=choices.device)
-        unsure = state.confidences < self.options.threshold
-        first_unsure = torch.where(unsure.any(), unsure.long().argmax() + 1, k)
-        budget = self.target.max_length - self.prompt.shape[1] - verified - 1
-        kept = torch.minimum(budget, first_unsure).clamp(max=k)
-        ending = (state.proposals == eot).long()
-        agree = (state.proposals == choices[:k]) & (depths < kept) & (ending.cumsum(0) - ending == 0)
-        return agree.long().cumprod(0).sum(), kept
+        record = self.layout.pack(block, limit, accepted, path, choices, peaks, state.draft_peaks, state.centres)
+        state.record.copy_(record)
 
     def run(self, rows: SegmentRows, on_round: Callable[[Round], None] | None = None) -> Decoded:
         """The segment's rounds: the host reads each round's record once, then starts the next round before it
         writes the trace rows of this one."""
-        stopwatch, k, n_layers = Stopwatch(self.prompt.device), self.k, len(self.layers)
+        stopwatch, n_layers = Stopwatch(self.prompt.device), len(self.layers)
         self.first()
-        done, token, *peaks = self.state.record[: 2 + n_layers].tolist()
+        done, token, *peaks = (int(v) for v in self.state.record[: 2 + n_layers].tolist())
         if rows.verified([token], peaks) or done:
             return rows.result
         marks = self._launch(stopwatch)
         while marks is not None:
-            record = self.state.record.tolist()
-            attention = self._attention(record[2]) if self.options.keep_attention else None
-            done, accepted, kept = record[:3]
-            choices, (proposals, draft_peaks, centres) = record[3 : 4 + k], _split(record[4 + k : 4 + 4 * k], k)
-            peaks = record[4 + 4 * k :]
+            outcome = self.layout.unpack(self.state.record.tolist(), self.draft.config.audio)
+            if self.options.keep_attention and self.draft.config.audio:
+                outcome.attention = (
+                    self.state.attention[: len(outcome.tokens), : self.policy.frames].float().cpu().tolist()
+                )
             seconds = stopwatch.seconds(marks[0], marks[1]), stopwatch.seconds(marks[1], marks[2])
-            marks = None if done else self._launch(stopwatch)
-            draft_peaks = draft_peaks[:kept] if self.draft.config.audio else None
-            rows.round(proposals[:kept], accepted, choices, draft_peaks, centres, peaks, seconds, attention)
+            marks = None if self._ends(outcome, len(rows.tokens)) else self._launch(stopwatch)
+            rows.round(outcome, seconds)
             if on_round is not None:
                 on_round(rows.result.rounds[-1])
         return rows.result
+
+    def _ends(self, outcome: Outcome, verified: int) -> bool:
+        """Whether a round after `verified` transcript tokens ends the segment: an end-of-text, or a full window."""
+        eot, new = self.target.eot, outcome.new
+        taken = new.index(eot) if eot in new else len(new)
+        return eot in new or len(self.target.prompt) + verified + taken >= self.target.max_length
 
     def _launch(self, stopwatch: Stopwatch) -> tuple:
         start = stopwatch.mark()
@@ -382,12 +391,6 @@ class RoundSteps:
         drafted = stopwatch.mark()
         self.verify()
         return start, drafted, stopwatch.mark()
-
-    def _attention(self, kept: int) -> list[list[float]] | None:
-        """Each kept step's audio attention over the valid frames: a second read, where the trace keeps them."""
-        if not self.draft.config.audio:
-            return None
-        return self.state.attention[:kept, : self.policy.frames].float().cpu().tolist()
 
     def device_seconds(self, repeats: int = 50) -> tuple[float, float]:
         """Median device seconds of a round's drafting and verification, replayed back to back from the state after
@@ -399,27 +402,21 @@ class RoundSteps:
         return drafting, verification
 
 
-def speculative(
-    target: Target,
-    draft: Draft,
-    memory: Tensor,
-    valid_frames: int,
-    settings: Settings,
-    reference: list[int | None] | None = None,
-    origin: Origin = Origin(),
-    on_round: Callable[[Round], None] | None = None,
-    captured: dict | None = None,
-) -> Decoded:
-    """`decode.speculative` as captured steps: the same tokens and rows. captured: where the steps are kept between
-    segments and clips; none: captured anew."""
-    with torch.inference_mode():
-        steps = round_steps(captured, target, draft, memory, settings)
+class CapturedSpeculative:
+    """The speculative loop as captured steps, a Loop: the same tokens and rows as `decode.HostSpeculative`.
+    captured: where the steps are kept between segments and clips; none: captured anew for every segment."""
+
+    def __init__(self, target: Target, draft: Draft, options: LoopOptions, captured: dict | None = None):
+        self.target, self.draft, self.options, self.captured = target, draft, options, captured
+
+    def steps(self, memory: Tensor) -> RoundSteps:
+        key = ("round", id(self.target), id(self.draft), memory.shape[1], self.options)
+        return _reused(self.captured, key, lambda: RoundSteps(self.target, self.draft, memory, self.options))
+
+    @torch.inference_mode()
+    def __call__(self, memory, valid_frames, origin=Origin(), reference=None, on_round=None) -> Decoded:
+        steps = self.steps(memory)
         steps.load(memory, valid_frames, reference)
-        rows = SegmentRows(target, origin, steps.options.verify_peaks, len(steps.layers), steps.policy, steps.readout)
+        options = self.options
+        rows = SegmentRows(self.target, origin, options.verify_peaks, len(steps.layers), steps.policy, steps.readout)
         return steps.run(rows, on_round)
-
-
-def round_steps(captured: dict | None, target: Target, draft: Draft, memory: Tensor, settings: Settings) -> RoundSteps:
-    options = LoopOptions.of(settings, target)
-    key = ("round", id(target), id(draft), memory.shape[1], options)
-    return _reused(captured, key, lambda: RoundSteps(target, draft, memory, options))

@@ -11,6 +11,11 @@ APPLICATION = "specasr"
 # `runtime` became the centre that moves on with depth (what runtime-paced was); the one that stays is runtime-last.
 # Runs stored (or exported) before keep what they measured under the new names, renamed in this order.
 RENAMED_WINDOWS = (("runtime", "runtime-last"), ("runtime-paced", "runtime"))
+# Runs stored (or exported) before draft trees drafted chains: a chain's nodes are its proposals in order.
+CHAIN_NODES = [
+    "UPDATE runs SET tree_nodes = k WHERE draft IS NOT NULL AND tree_nodes IS NULL",
+    "UPDATE draft_steps SET node = depth - 1, parent = CASE WHEN depth > 1 THEN depth - 2 END WHERE node IS NULL",
+]
 MIGRATIONS: list[list[str]] = [
     [
         "CREATE TABLE schema_version (application VARCHAR NOT NULL, version INTEGER NOT NULL)",
@@ -143,6 +148,14 @@ MIGRATIONS: list[list[str]] = [
             clip_hash VARCHAR PRIMARY KEY,
             flac BLOB NOT NULL  -- the waveform as FLAC, 24-bit, 16 kHz mono
         )""",
+    ],
+    [  # draft trees: a run's tree shape; a draft step is a node of its round's tree, with its parent and probability
+        """ALTER TABLE runs ADD COLUMN tree_width INTEGER DEFAULT 1""",
+        """ALTER TABLE runs ADD COLUMN tree_nodes INTEGER""",
+        """ALTER TABLE draft_steps ADD COLUMN node INTEGER""",
+        """ALTER TABLE draft_steps ADD COLUMN parent INTEGER""",
+        """ALTER TABLE draft_steps ADD COLUMN probability DOUBLE""",  # NULL for runs stored before trees
+        *CHAIN_NODES,
     ],
 ]
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -18,8 +18,9 @@ from torch import Tensor
 from specasr import graphs
 from specasr.align import Aligner, AlignmentError, get_aligner
 from specasr.audio import SAMPLE_RATE, AudioTooLongError, Clip, split_windows
-from specasr.decode import Decoded, Origin, PhaseTimer, greedy, runtime_layer, speculative
+from specasr.decode import Decoded, Origin, PhaseTimer, greedy, runtime_layer
 from specasr.draft import Draft, resolve_draft
+from specasr.loops import loop_for
 from specasr.peers import Peer, load_peer
 from specasr.reference import ClipReference, align_tokens, check_reference_length, read_reference_file
 from specasr.store import Store, StoreError
@@ -90,10 +91,12 @@ class Pipeline:
                 runtime_layer=None,
                 threshold=0.0,
                 verify_peaks=peaks,
+                tree_width=1,
+                tree_nodes=None,
             )
         if settings.window in RUNTIME_WINDOWS:
             settings = replace(settings, runtime_layer=runtime_layer(settings, self.target(settings)))
-        return replace(settings, draft_dtype=settings.draft_dtype or settings.dtype)
+        return replace(settings, draft_dtype=settings.draft_dtype or settings.dtype, tree_nodes=settings.nodes)
 
     def decode(self, clip: Clip, settings: Settings, on_round: Callable[[Round], None] | None = None) -> Trace:
         """Transcribe `clip` under `settings`, timed from the waveform, and return its complete trace.
@@ -124,25 +127,17 @@ class Pipeline:
             with timer.phase("reference"):
                 reference = self.reference(clip, settings, windows, memories)
 
+        loop = loop_for(target, draft, settings, self._captured) if peer is None else None
         segments, tokens, rounds, steps, verified, runtime_peaks = [], [], [], [], [], []
         for index, ((start, end), memory) in enumerate(zip(windows, memories, strict=True)):
             origin = Origin(index, target.frames(start), len(tokens), len(rounds))
             valid_frames = target.valid_frames(end - start)
+            frames = reference.window_frames(index, origin.frame) if reference else None
             with timer.phase("decode"):
                 if peer is not None:
                     result = Decoded(peer.decode(memory))
-                elif draft is None and settings.graphs:
-                    result = graphs.greedy(target, memory, valid_frames, settings.verify_peaks, origin, self._captured)
-                elif draft is None:
-                    result = greedy(target, memory, valid_frames, settings.verify_peaks, origin)
                 else:
-                    frames = reference.window_frames(index, origin.frame) if reference else None
-                    if settings.graphs:
-                        result = graphs.speculative(
-                            target, draft, memory, valid_frames, settings, frames, origin, on_round, self._captured
-                        )
-                    else:
-                        result = speculative(target, draft, memory, valid_frames, settings, frames, origin, on_round)
+                    result = loop(memory, valid_frames, origin, frames, on_round)
             segments.append(Segment(index, origin.frame, valid_frames, len(tokens), len(result.tokens)))
             tokens += result.tokens
             rounds += result.rounds
@@ -191,12 +186,12 @@ class Pipeline:
         start, end = split_windows(clip.audio, target.window_samples, target.cut_samples)[0]
         memory = target.encode(target.features(target.samples(clip.audio)[start:end]))
         valid_frames = target.valid_frames(end - start)
+        loop = loop_for(target, self.draft(settings), settings, self._captured)
+        steps = loop.steps(memory)
         with torch.inference_mode():
             if settings.draft is None:
-                steps = graphs.greedy_steps(self._captured, target, memory, settings.verify_peaks)
                 steps.load(memory, valid_frames)
                 return {"step": steps.device_seconds(repeats)}
-            steps = graphs.round_steps(self._captured, target, self.draft(settings), memory, settings)
             steps.load(memory, valid_frames, [])  # no window needs its reference frames to be timed
             drafting, verification = steps.device_seconds(repeats)
             return {"draft": drafting, "verify": verification}

@@ -30,7 +30,7 @@ class Level:
 LEVELS = {  # keyed by the names Trace.tables() uses
     "segments": Level("segments", Segment, ("index",)),
     "rounds": Level("rounds", Round, ("index",)),
-    "steps": Level("draft_steps", DraftStep, ("round", "depth")),
+    "steps": Level("draft_steps", DraftStep, ("round", "node")),
     "verified": Level("verified_tokens", VerifiedToken, ("position",)),
 }
 

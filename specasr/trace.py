@@ -25,6 +25,20 @@ class SettingsError(ValueError):
     """Settings that cannot be decoded under, alone or with their target: the message says which value and why."""
 
 
+MOST_TREE_WIDTH = 16
+
+
+def candidate_count(depth: int, width: int) -> int:
+    """Candidates a draft tree drafts (specasr.tree): `width` below the root, and `width` below each of the `width`
+    frontier nodes at every later depth."""
+    return width + (depth - 1) * width * width
+
+
+def default_nodes(depth: int, width: int) -> int:
+    """Nodes verified per round unless told: `width` per depth (a chain verifies its K proposals)."""
+    return depth * width
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything a decode is asked to do; with a clip, the pipeline's whole input."""
@@ -47,6 +61,8 @@ class Settings:
     decoder: str = "specasr"  # our loops, or a peer timed beside them (DECODERS[1:], specasr.peers)
     assistant: str | None = None  # transformers-assisted's assistant: target-layers, a Whisper folder or hub id
     graphs: bool = True  # our loops replay captured steps where the device runs them (CUDA); False: eager steps
+    tree_width: int = 1  # children drafted below each frontier node (specasr.tree); 1: the chain of K proposals
+    tree_nodes: int | None = None  # draft-tree nodes verified per round; None: K x tree_width
 
     def __post_init__(self):
         if self.window not in WINDOWS:
@@ -70,6 +86,30 @@ class Settings:
             )
         if not self.max_seconds > 0:
             raise SettingsError(f"the length limit must be a number of seconds > 0, got {self.max_seconds:g}")
+        if self.draft is not None:
+            self._check_tree()
+
+    def _check_tree(self) -> None:
+        width, nodes = self.tree_width, self.tree_nodes
+        if not 1 <= width <= MOST_TREE_WIDTH:
+            raise SettingsError(f"the tree width must be between 1 and {MOST_TREE_WIDTH}, got {width}")
+        most = candidate_count(self.k, width)
+        if nodes is not None and not 1 <= nodes <= most:
+            raise SettingsError(
+                f"a tree of depth K={self.k} and width {width} drafts {most} candidates: it can verify 1 to {most} "
+                f"nodes per round, not {nodes}"
+            )
+        if width == 1 and nodes not in (None, self.k):
+            raise SettingsError(
+                f"a chain (tree width 1) verifies its K={self.k} proposals; a node count goes with a tree width above 1"
+            )
+        if width > 1 and self.threshold > 0:
+            raise SettingsError("a confidence threshold cuts a chain (tree width 1); a tree is cut by its node count")
+
+    @property
+    def nodes(self) -> int:
+        """Draft-tree nodes verified per round: the settings' or K x tree width."""
+        return self.tree_nodes if self.tree_nodes is not None else default_nodes(self.k, self.tree_width)
 
     @property
     def needs_reference(self) -> bool:
@@ -134,13 +174,13 @@ class Segment:
 
 @dataclass
 class Round:
-    """One draft proposal block followed by one target verification pass."""
+    """One draft proposal block (a chain, or a tree) followed by one target verification pass."""
 
     index: int
     segment: int
     start: int  # transcript tokens known before the round
-    proposed: list[int]
-    accepted: int
+    proposed: list[int]  # every node's token, parents before children (a chain's proposals in order)
+    accepted: int  # the accepted path's length
     target_token: int  # the target's own next token after the accepted prefix (end-of-text included)
     draft_seconds: float  # the draft's catch-up on the last round's tokens and its proposals
     verify_seconds: float  # the verification pass and, for the runtime windows, the readout of its attention peaks
@@ -148,7 +188,8 @@ class Round:
 
 @dataclass
 class DraftStep:
-    """One draft proposal: depth 1 is the restart, 2..K the continuation."""
+    """One draft proposal, a node of its round's tree (a chain's nodes are its proposals in order): depth 1 is the
+    restart, 2..K the continuation; `accepted`: on the path the target accepted."""
 
     round: int
     depth: int
@@ -159,6 +200,9 @@ class DraftStep:
     reference_frame: int | None
     attention: list[float] | None = None  # the full head-averaged row over the segment's valid frames, when kept
     text: str | None = None  # the proposed token's text; None in runs stored before it was kept
+    node: int | None = None  # its index among the round's nodes (a chain's depth - 1); None in runs stored before trees
+    parent: int | None = None  # the node it was drafted below; None below the round's root, the last verified token
+    probability: float | None = None  # the draft's probability of the token below its parent; None before trees
 
 
 @dataclass

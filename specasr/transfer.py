@@ -17,7 +17,7 @@ from pathlib import Path
 
 import duckdb
 
-from specasr.migrations import RENAMED_WINDOWS, SCHEMA_VERSION
+from specasr.migrations import CHAIN_NODES, RENAMED_WINDOWS, SCHEMA_VERSION
 from specasr.store import ORPHANS, RUN_TABLES, SHARED_TABLES, WRITE_FAILURES, Store, StoreError, first_line, write_error
 
 MANIFEST = "manifest.json"
@@ -89,6 +89,8 @@ def import_runs(store: Store, folder: Path | str) -> list[str]:
                 for old, new in RENAMED_WINDOWS:
                     rename = 'UPDATE runs SET "window" = ? WHERE "window" = ? AND list_contains(?, run_id)'
                     con.execute(rename, [new, old, run_ids])
+        for statement in CHAIN_NODES:  # exported before draft trees; a store's own rows all have their nodes
+            con.execute(statement)
     return run_ids
 
 

@@ -1,3 +1,4 @@
+from dataclasses import replace
 from functools import cache
 
 import pytest
@@ -21,6 +22,7 @@ from transformers import (
 )
 
 from specasr.dataset import DEFAULT_SPEECH_DIR, Utterance, load_manifest
+from specasr.loops import loop_for
 from specasr.pipeline import Pipeline
 from specasr.targets import PrefixTarget, Qwen3ASRTarget, VoxtralTarget, WhisperTarget
 from specasr.targets.builtin import builtin_model_dir
@@ -170,3 +172,9 @@ def _word_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
     words.pre_tokenizer = WhitespaceSplit()
     words.decoder = WordPiece(prefix="##")  # joins words with spaces
     return PreTrainedTokenizerFast(tokenizer_object=words, eos_token="w1")
+
+
+def run_loop(target, draft, memory, valid_frames, settings, reference=None, captured=False, kept=None):
+    """One segment through the loop `settings` decode with (`loops.loop_for`): stepped from the host, or as the
+    captured steps CUDA replays, run eagerly here. kept: where captured steps are kept between segments."""
+    return loop_for(target, draft, replace(settings, graphs=captured), kept)(memory, valid_frames, reference=reference)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from specasr.audio import Clip, split_windows
-from specasr.decode import greedy_tokens, speculative
+from specasr.decode import greedy_tokens
 from specasr.draft import DraftMismatchError, load_draft, random_draft, save_draft
 from specasr.pipeline import Pipeline
 from specasr.store import Store
@@ -18,7 +18,7 @@ from specasr.targets.head import VocabularyHead
 from specasr.trace import Settings
 from specasr.train import TrainConfig, train
 from specasr.trainset import teacher_forced
-from tests.conftest import random_prefix_target
+from tests.conftest import random_prefix_target, run_loop
 
 FAMILIES = ("qwen3_asr", "voxtral")
 
@@ -120,7 +120,7 @@ def test_a_trained_draft_saves_loads_and_stays_lossless(tmp_path, family):
     memory = target.encode(target.features(_audio(1.5, 0)))
     valid = target.valid_frames(24000)
     for window in ("unrestricted", "runtime"):
-        decoded = speculative(target, loaded, memory, valid, Settings(draft="x", k=4, window=window))
+        decoded = run_loop(target, loaded, memory, valid, Settings(draft="x", k=4, window=window))
         assert decoded.tokens == greedy_tokens(target, memory)
 
 

@@ -7,12 +7,12 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from specasr import decode, graphs
-from specasr.decode import greedy_tokens
+from specasr.decode import LoopOptions, greedy_tokens
 from specasr.draft import random_draft
 from specasr.targets import WhisperTarget
 from specasr.trace import Settings
 from specasr.windows import WINDOWS
-from tests.conftest import random_prefix_target, random_whisper_target
+from tests.conftest import random_prefix_target, random_whisper_target, run_loop
 from tests.test_speculative import always_propose
 
 
@@ -63,9 +63,9 @@ def test_captured_steps_serve_the_segments_and_clips_that_follow(window):
         memory = torch.randn(1, 40, target.d_model, generator=torch.Generator().manual_seed(seed))
         expected = decode.greedy(target, memory, valid_frames, verify_peaks=True)
         reference = [min(2 * i, valid_frames - 1) for i in range(40)]
-        result = graphs.speculative(target, draft, memory, valid_frames, settings, reference, captured=captured)
+        result = run_loop(target, draft, memory, valid_frames, settings, reference, True, captured)
         assert result.tokens == expected.tokens and result.verified == expected.verified
-        assert graphs.greedy(target, memory, valid_frames, True, captured=captured) == expected
+        assert run_loop(target, None, memory, valid_frames, Settings(), None, True, captured) == expected
         assert all(s.draft_peak < valid_frames for s in result.steps)
     assert len(captured) == 2  # the rounds' steps and greedy's, each captured once
 
@@ -77,8 +77,8 @@ def test_captured_rounds_record_what_the_host_loop_records():
     for window in WINDOWS:
         settings = Settings(draft="random", k=4, window=window, threshold=0.2, keep_attention=True)
         reference = [min(3 * i, 29) for i in range(40)]
-        host = decode.speculative(target, draft, memory, 30, settings, reference)
-        device = graphs.speculative(target, draft, memory, 30, settings, reference)
+        host = run_loop(target, draft, memory, 30, settings, reference)
+        device = run_loop(target, draft, memory, 30, settings, reference, captured=True)
         assert [(r.start, r.proposed, r.accepted, r.target_token) for r in device.rounds] == [
             (r.start, r.proposed, r.accepted, r.target_token) for r in host.rounds
         ]
@@ -123,9 +123,9 @@ def test_captured_steps_never_wait_for_the_host(family, window):
     draft = random_draft(target, seed=2)
     settings = Settings(draft="random", k=3, window=window, threshold=0.3, runtime_layer=1)
     with torch.inference_mode():
-        rounds = graphs.round_steps(None, target, draft, memory, settings)
+        rounds = graphs.CapturedSpeculative(target, draft, LoopOptions.of(settings, target)).steps(memory)
         rounds.load(memory, 30, [5] * 40)
-        greedy = graphs.greedy_steps(None, target, memory, verify_peaks=True)
+        greedy = graphs.CapturedGreedy(target, verify_peaks=True).steps(memory)
         greedy.load(memory, 30)
         with HostWaits() as waits:
             for step in (rounds.first, rounds.propose, rounds.verify, rounds.propose, greedy.first, greedy.next):
@@ -141,19 +141,20 @@ def test_the_loops_stop_at_the_length_limit():
     assert len(expected) == target.max_length - len(target.prompt)  # a repetitive target runs to the limit
     draft = always_propose(random_draft(target, seed=0), token=expected[-1])
     for k in (1, 4, 16):
-        assert graphs.speculative(target, draft, memory, 40, Settings(draft="random", k=k)).tokens == expected
-    assert graphs.greedy(target, memory, 40).tokens == expected
+        assert run_loop(target, draft, memory, 40, Settings(draft="random", k=k), captured=True).tokens == expected
+    assert run_loop(target, None, memory, 40, Settings(), captured=True).tokens == expected
 
 
 def test_device_seconds_replay_from_a_restored_state():
     """Timing replays leave the state as the prompt's pass left it, and time each step."""
     target, draft, memory = _target_and_draft()
     with torch.inference_mode():
-        rounds = graphs.round_steps(None, target, draft, memory, Settings(draft="random", k=3))
+        options = LoopOptions.of(Settings(draft="random", k=3), target)
+        rounds = graphs.CapturedSpeculative(target, draft, options).steps(memory)
         rounds.load(memory, 30, None)
         drafting, verification = rounds.device_seconds(repeats=3)
         assert drafting > 0 and verification > 0 and rounds.state.verified.tolist() == [1]
-        greedy = graphs.greedy_steps(None, target, memory, verify_peaks=False)
+        greedy = graphs.CapturedGreedy(target, verify_peaks=False).steps(memory)
         greedy.load(memory, 30)
         assert greedy.device_seconds(repeats=3) > 0 and greedy.position.tolist() == [len(target.prompt)]
 
@@ -167,11 +168,11 @@ def test_graph_replays_equal_the_eager_loops(window):
     reference = [min(3 * i, 29) for i in range(40)]
     captured = {}
     for valid_frames in (30, 21):  # the second replays the first's capture
-        host = decode.speculative(target, draft, memory, valid_frames, settings, reference)
-        device = graphs.speculative(target, draft, memory, valid_frames, settings, reference, captured=captured)
+        host = run_loop(target, draft, memory, valid_frames, settings, reference)
+        device = run_loop(target, draft, memory, valid_frames, settings, reference, True, captured)
         assert [(r.proposed, r.accepted) for r in device.rounds] == [(r.proposed, r.accepted) for r in host.rounds]
         assert device.tokens == host.tokens and device.verified == host.verified and device.steps == host.steps
-        assert graphs.greedy(target, memory, valid_frames, True, captured=captured) == decode.greedy(
+        assert run_loop(target, None, memory, valid_frames, Settings(), None, True, captured) == decode.greedy(
             target, memory, valid_frames, True
         )
     assert len(captured) == 2

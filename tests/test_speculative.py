@@ -1,4 +1,4 @@
-"""The speculative loop returns exactly the greedy tokens, for any draft, K and window."""
+"""The speculative loop returns exactly the greedy tokens, for any draft, K, draft tree and window."""
 
 import itertools
 from collections import Counter
@@ -9,12 +9,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specasr import decode, graphs
-from specasr.decode import LoopOptions, greedy, greedy_tokens, speculative
+from specasr import decode
+from specasr.decode import LoopOptions, greedy, greedy_tokens
 from specasr.draft import Draft, random_draft
-from specasr.trace import Settings, Trace
+from specasr.trace import Settings, Trace, candidate_count
 from specasr.windows import NO_WINDOW, RUNTIME_WINDOWS, WINDOWS, WindowPolicy
-from tests.conftest import random_prefix_target, random_whisper_target
+from tests.conftest import random_prefix_target, random_whisper_target, run_loop
 
 
 def always_propose(draft: Draft, token: int) -> Draft:
@@ -75,18 +75,28 @@ def test_speculative_equals_greedy_on_random_models(
     memory = torch.randn(1, 40, target.d_model, generator=torch.Generator().manual_seed(seed))
     reference = data.draw(st.lists(st.one_of(st.none(), st.integers(0, valid_frames - 1)), max_size=max_length))
     runtime_layer = data.draw(st.integers(0, layers - 1))
-    settings = Settings(draft="random", k=k, window=window, threshold=threshold, runtime_layer=runtime_layer)
+    width = data.draw(st.sampled_from([1, 1, 2, 3, 4]))
+    nodes = data.draw(st.integers(1, min(64, candidate_count(k, width)))) if width > 1 else None
+    settings = Settings(
+        draft="random",
+        k=k,
+        window=window,
+        threshold=threshold if width == 1 else 0.0,
+        runtime_layer=runtime_layer,
+        tree_width=width,
+        tree_nodes=nodes,
+    )
 
-    loop = graphs.speculative if captured else speculative  # CUDA's captured round, run eagerly here
-    result = loop(target, draft, memory, valid_frames, settings, reference)
+    result = run_loop(target, draft, memory, valid_frames, settings, reference, captured)  # CUDA's, run eagerly
     tokens, rounds, steps, verified = result.tokens, result.rounds, result.steps, result.verified
 
     assert tokens == greedy_tokens(target, memory)
     if captured:
-        assert graphs.greedy(target, memory, valid_frames).tokens == tokens
+        assert run_loop(target, None, memory, valid_frames, Settings(), captured=True).tokens == tokens
     assert len(target.prompt) + len(tokens) <= max_length
     assert len(tokens) <= 1 + sum(r.accepted + 1 for r in rounds)  # the first token comes from the prompt pass
-    assert all(1 <= len(r.proposed) <= k for r in rounds[:-1])
+    assert all(1 <= len(r.proposed) <= settings.nodes for r in rounds[:-1])
+    assert all(max((s.depth for s in steps if s.round == r.index), default=0) <= k for r in rounds)
     assert [v.token for v in verified] == tokens
     readout = [v.verify_peaks[runtime_layer] for v in verified] if window in RUNTIME_WINDOWS else []
     assert result.runtime_peaks == readout
@@ -103,7 +113,7 @@ def test_random_models_exercise_partial_and_full_acceptance(family):
         memory = torch.randn(1, 40, target.d_model, generator=torch.Generator().manual_seed(seed))
         common = Counter(greedy_tokens(target, memory)).most_common(1)
         draft = always_propose(random_draft(target, seed=seed), token=common[0][0] if common else 3)
-        rounds = speculative(target, draft, memory, 40, Settings(draft="random", k=4)).rounds
+        rounds = run_loop(target, draft, memory, 40, Settings(draft="random", k=4)).rounds
         accepted |= {r.accepted for r in rounds}
     assert {0, 4} <= accepted and accepted & {1, 2, 3}
 
@@ -134,7 +144,7 @@ def test_loop_options_read_the_layers_each_window_needs():
     target = random_whisper_target(seed=1, layers=3, heads=2, vocab_size=8, max_length=20, init_std=0.5)
     target.runtime_layer = 2
     base = Settings(draft="random", k=3, threshold=0.2, verify_peaks=False)
-    plain = LoopOptions(3, 0.2, "unrestricted", base.half_width_ms, False, False, (), None)
+    plain = LoopOptions(3, 0.2, "unrestricted", base.half_width_ms, False, False, (), None, width=1, nodes=3)
     assert LoopOptions.of(base, target) == plain
     runtime = replace(base, window="runtime")
     assert (LoopOptions.of(runtime, target).attention_layers, LoopOptions.of(runtime, target).readout) == ((2,), 0)
@@ -154,7 +164,7 @@ def test_runtime_centres_follow_the_verification_peaks_of_the_loop(captured):
     draft = always_propose(random_draft(target, seed=3), token=3)
     valid_frames, layer = 40, 1
     settings = Settings(draft="random", k=4, window="runtime", runtime_layer=layer)
-    result = (graphs.speculative if captured else speculative)(target, draft, memory, valid_frames, settings)
+    result = run_loop(target, draft, memory, valid_frames, settings, captured=captured)
     assert result.tokens == greedy_tokens(target, memory)
 
     peaks = [v.verify_peaks[layer] for v in result.verified]
@@ -173,10 +183,10 @@ def test_runtime_peaks_are_kept_without_every_layers_peaks():
     target = random_whisper_target(seed=3, layers=2, heads=2, vocab_size=8, max_length=40, init_std=0.5)
     memory = torch.randn(1, 40, target.d_model, generator=torch.Generator().manual_seed(3))
     draft = always_propose(random_draft(target, seed=3), token=3)
-    every_layer = speculative(target, draft, memory, 40, Settings(draft="random", k=4, window="runtime"))
+    every_layer = run_loop(target, draft, memory, 40, Settings(draft="random", k=4, window="runtime"))
     for window in ("runtime", "runtime-last", "unrestricted"):
         settings = Settings(draft="random", k=4, window=window, verify_peaks=False)
-        result = speculative(target, draft, memory, 40, settings)
+        result = run_loop(target, draft, memory, 40, settings)
         assert result.verified == []
         assert result.runtime_peaks == (every_layer.runtime_peaks if window != "unrestricted" else [])
 
@@ -210,10 +220,9 @@ def test_a_round_waits_for_the_device_once(monkeypatch, window, captured):
     memory = torch.randn(1, 40, target.d_model, generator=torch.Generator().manual_seed(3))
     draft = always_propose(random_draft(target, seed=3), token=3)
     settings = Settings(draft="random", k=4, window=window, threshold=0.3, runtime_layer=1)
-    loop = graphs.speculative if captured else speculative
     expected = greedy_tokens(target, memory)
     reads = _count_reads(monkeypatch)
-    result = loop(target, draft, memory, 40, settings, reference=list(range(0, 40, 2)))
+    result = run_loop(target, draft, memory, 40, settings, list(range(0, 40, 2)), captured)
     assert len(result.rounds) > 3 and reads == ["tolist"] * (len(result.rounds) + 1)
     assert result.tokens == expected
 
@@ -227,7 +236,7 @@ def test_captured_greedy_reads_each_token_once(monkeypatch, verify_peaks, vocab_
     memory = torch.randn(1, 40, target.d_model, generator=torch.Generator().manual_seed(seed))
     expected = greedy(target, memory, 30, verify_peaks)
     reads = _count_reads(monkeypatch)
-    result = graphs.greedy(target, memory, 30, verify_peaks)
+    result = run_loop(target, None, memory, 30, Settings(verify_peaks=verify_peaks), captured=True)
     assert reads == ["tolist"] * (len(result.tokens) + ends)  # and one for the end-of-text
     assert result == expected and len(result.tokens) > 3
     assert (len(target.prompt) + len(result.tokens) < target.max_length) == ends
@@ -246,7 +255,7 @@ def test_a_cpu_round_stops_drafting_at_its_first_unsure_proposal(monkeypatch):
     def decoded(free_read_devices):
         calls.clear()
         monkeypatch.setattr(decode, "FREE_READ_DEVICES", free_read_devices)
-        return speculative(target, draft, memory, 40, settings), len(calls)
+        return run_loop(target, draft, memory, 40, settings), len(calls)
 
     stopping, stopping_calls = decoded(("cpu",))
     dropping, dropping_calls = decoded(())
@@ -269,7 +278,7 @@ def test_nothing_after_an_accepted_end_of_text_counts_as_accepted(monkeypatch):
     draft = random_draft(target, seed=0)
     monkeypatch.setattr(draft, "vocab_to_target", lambda choice: torch.full_like(choice, target.eot))
     memory = torch.randn(1, 40, target.d_model, generator=torch.Generator().manual_seed(0))
-    result = speculative(target, draft, memory, 40, Settings(draft="random", k=4))
+    result = run_loop(target, draft, memory, 40, Settings(draft="random", k=4))
     assert result.tokens == greedy_tokens(target, memory) and len(result.tokens) == 2
     assert result.rounds[-1].proposed == [target.eot] * 4 and result.rounds[-1].accepted == 1
 
@@ -284,7 +293,7 @@ def test_speculative_equals_greedy_on_real_tiny_en(pipeline, tiny_en, sample_cli
         for window in WINDOWS:
             for draft in ("random", "random-no-audio"):
                 settings = Settings(draft=draft, k=k, window=window)
-                result = speculative(tiny_en, pipeline.draft(settings), memory, valid_frames, settings, reference)
+                result = run_loop(tiny_en, pipeline.draft(settings), memory, valid_frames, settings, reference)
                 assert result.tokens == expected, (utterance.id, window, draft)
 
 

@@ -21,7 +21,7 @@ from specasr.words import WordTime
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CODE = CodeVersion("1.2.3", "0123abcd", False)
-SPECULATIVE = Settings(draft="tiny-draft", k=3, runtime_layer=2)
+SPECULATIVE = Settings(draft="tiny-draft", k=3, runtime_layer=2, tree_nodes=3)  # as a decode resolves them
 GREEDY = Settings()
 
 
@@ -44,6 +44,9 @@ def speculative_trace(clip: str, accepted: list[int], settings: Settings = SPECU
                 window_centre=reference if depth == 1 else None,
                 reference_frame=reference,
                 attention=[0.25, 0.5, 0.125] if kept else None,
+                node=depth - 1,
+                parent=depth - 2 if depth > 1 else None,
+                probability=0.5**depth,
             )
             steps.append(step)
         start += count + 1
@@ -337,6 +340,21 @@ def test_concurrent_writers_lose_no_run(store):
 
 SCHEMA_2_ON = ["decoder", "frame_seconds", "batch", "assistant", "graphs"]
 SCHEMA_9 = {"decodes": ["token_texts", "target_runtime_layer"], "draft_steps": ["text"], "clips": ["audio_path"]}
+SCHEMA_10 = {"runs": ["tree_width", "tree_nodes"], "draft_steps": ["node", "parent", "probability"]}
+
+
+def before_schema(version: int, frames: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+    """A run's rows without the columns schema `version` (9 or 10) and later added."""
+    later = [columns for start, columns in ((9, SCHEMA_9), (10, SCHEMA_10)) if start >= version]
+    return {
+        table: frame.drop(columns=[c for cs in later for c in cs.get(table, [])]) for table, frame in frames.items()
+    }
+
+
+def stored_before_trees(trace: Trace) -> Trace:
+    """A chain's trace as a store written before draft trees gives it back: the same nodes, no probabilities."""
+    settings = replace(trace.settings, tree_nodes=trace.settings.k)
+    return replace(trace, settings=settings, steps=[replace(step, probability=None) for step in trace.steps])
 
 
 def test_an_older_schema_is_migrated_on_open(tmp_path):
@@ -346,7 +364,8 @@ def test_an_older_schema_is_migrated_on_open(tmp_path):
         migrate(con, 0, target=1)
         for table, frame in run_frames("oldrun", [old], "decode", None).items():
             if table != "segments":
-                new_columns = [*SCHEMA_2_ON, "runtime_peaks", *SCHEMA_9.get(table, [])]  # nor later ones
+                new_columns = [*SCHEMA_2_ON, "runtime_peaks"]  # nor later ones
+                frame = before_schema(9, {table: frame})[table]
                 con.register("frame", frame.drop(columns=new_columns, errors="ignore"))
                 con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM frame")
     store = Store(path)
@@ -356,7 +375,7 @@ def test_an_older_schema_is_migrated_on_open(tmp_path):
     assert {"segments", "reference_frames"} <= tables
     assert store.runs().run_id.tolist() == ["oldrun"]
     # Its frames are read as 20 ms ones (only Whisper existed then), and a CPU run replayed no graphs.
-    assert store.traces("oldrun") == [replace(old, settings=replace(old.settings, graphs=False))]
+    assert store.traces("oldrun") == [stored_before_trees(replace(old, settings=replace(old.settings, graphs=False)))]
     assert [run.batch for run in store.decoded("decode")] == [None]
 
 
@@ -365,7 +384,7 @@ def schema_7_frames(run_id: str, trace: Trace, window: str) -> dict[str, pd.Data
     frames = run_frames(run_id, [trace], "decode", None)
     frames["runs"]["window"] = window
     frames["decodes"] = frames["decodes"].drop(columns="runtime_peaks")
-    return {table: frame.drop(columns=SCHEMA_9.get(table, [])) for table, frame in frames.items()}
+    return before_schema(9, frames)
 
 
 # The windows' old names, and the traces they come back as: runtime-paced's rule is runtime's now, and the old
@@ -390,7 +409,8 @@ def test_runs_stored_under_the_old_runtime_windows_keep_their_rule(tmp_path):
                 con.register("frame", frame)
                 con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM frame")
     store = Store(path)
-    assert {old: store.traces(old) for old in OLD_WINDOWS} == {old: [trace] for old, trace in traces.items()}
+    expected = {old: [stored_before_trees(trace)] for old, trace in traces.items()}
+    assert {old: store.traces(old) for old in OLD_WINDOWS} == expected
     assert sorted(store.runs().window) == sorted(OLD_WINDOWS.values())
 
 

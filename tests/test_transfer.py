@@ -10,7 +10,7 @@ import duckdb
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_store import greedy_trace, renamed_traces, schema_7_frames, speculative_trace
+from test_store import greedy_trace, renamed_traces, schema_7_frames, speculative_trace, stored_before_trees
 
 from specasr import transfer
 from specasr.migrations import SCHEMA_VERSION
@@ -163,11 +163,11 @@ def test_runs_exported_under_the_old_runtime_windows_keep_their_rule(store, tmp_
                 con.register("frame", frames[table])
                 con.execute(f"COPY (SELECT * FROM frame) TO '{tmp_path / old / table}.parquet' (FORMAT parquet)")
         assert import_runs(store, tmp_path / old) == [old]
-        assert store.traces(old) == [trace]
+        assert store.traces(old) == [stored_before_trees(trace)]
     exported = export_runs(store, ["runtime-paced"], tmp_path / "new")  # a new export keeps its names
     store.delete_run("runtime-paced")
     assert import_runs(store, exported[0].parent) == ["runtime-paced"]
-    assert store.traces("runtime-paced") == [traces["runtime-paced"]]
+    assert store.traces("runtime-paced") == [stored_before_trees(traces["runtime-paced"])]
 
 
 # ---------------------------------------------------------------------------------------------------------------------

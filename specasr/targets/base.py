@@ -32,13 +32,46 @@ class FrozenHead:
     lm_head: Tensor  # (vocab, d_model)
 
 
+@dataclass(frozen=True)
+class TreeRows:
+    """The rows of a step that belong to a tree of candidates grown above the committed prefix: each row sits at its
+    own position in the sequence and sees every slot before `base` and, of the tree's slots base, base + 1, ...,
+    the ones `sees` marks (the row itself and its ancestors). A chain is the tree whose rows see every row before."""
+
+    positions: Tensor  # (T,) the rows' positions in the sequence (position embeddings, rotations)
+    base: int | Tensor  # the tree's first slot; a device tensor of one element in a captured step
+    sees: Tensor  # (T, span) bool
+
+
+def attention_mask(slots: Tensor, visible: int, tree: TreeRows | None, offset: int = 0) -> Tensor:
+    """(T, visible) which of the cache's first `visible` slots each row attends: up to its own slot, or under a
+    tree its committed prefix and the tree slots it sees. `offset`: slots before the cache's first step (a prefix)."""
+    columns = torch.arange(visible, device=slots.device)
+    if tree is None:
+        return columns <= slots[:, None]
+    inside = columns - offset - tree.base
+    span = tree.sees.shape[1]
+    in_tree = (inside >= 0) & (inside < span)
+    return (inside < 0) | (in_tree & tree.sees[:, inside.clamp(0, span - 1)])
+
+
+def move_rows(tensors: tuple[Tensor, ...], source: Tensor, destination: Tensor, dim: int) -> None:
+    """Copy the cache rows at slots `source` to slots `destination` along `dim`, on the device."""
+    for tensor in tensors:
+        tensor.index_copy_(dim, destination, tensor.index_select(dim, source))
+
+
 class DecoderCache(Protocol):
-    """A target's key/value cache; the loops only read its capacity and roll it back by lowering `length`."""
+    """A target's key/value cache; the loops read its capacity, roll it back by lowering `length` and, after a tree's
+    verification, move the accepted path's rows into place."""
 
     length: int
 
     @property
     def capacity(self) -> int: ...
+
+    def move(self, source: Tensor, destination: Tensor) -> None:
+        """The rows at slots `source` copied to slots `destination` (counted as `length` counts)."""
 
 
 class Target(ABC):
@@ -107,13 +140,16 @@ class Target(ABC):
         taps: tuple[int, ...] = (),
         attention_layers: tuple[int, ...] = (),
         positions: Tensor | None = None,
+        tree: TreeRows | None = None,
     ) -> DecoderOutput:
-        """Run `tokens` (batch, T) at positions cache.length.. and append them to the cache.
+        """Run `tokens` (batch, T) at slots cache.length.. and append them to the cache.
 
         taps: decoder layers (1-based; 0 is the embedding) whose outputs to return.
         attention_layers: decoder layers (0-based) whose head-averaged attention over the audio to return.
-        positions: (T,) the tokens' positions as a device tensor (a CUDA graph's input); the caller then keeps
-        cache.length, which a step without them advances itself.
+        positions: (T,) the tokens' slots as a device tensor (a CUDA graph's input); the caller then keeps
+        cache.length, which a step without them advances itself. Without a tree each row sits at its slot and
+        attends every slot up to its own.
+        tree: the rows' own positions and what they see, where they are a tree of candidates.
         """
 
     @abstractmethod

@@ -27,7 +27,15 @@ from transformers import (
 )
 
 from specasr.audio import SAMPLE_RATE
-from specasr.targets.base import DecoderOutput, FrozenHead, Target, step_positions
+from specasr.targets.base import (
+    DecoderOutput,
+    FrozenHead,
+    Target,
+    TreeRows,
+    attention_mask,
+    move_rows,
+    step_positions,
+)
 from specasr.targets.builtin import TargetUnavailableError
 from specasr.targets.head import VocabularyHead
 
@@ -49,6 +57,9 @@ class PrefixCache:
     @property
     def capacity(self) -> int:
         return self.keys.shape[3] - self.prefix
+
+    def move(self, source: Tensor, destination: Tensor) -> None:
+        move_rows((self.keys, self.values), self.prefix + source, self.prefix + destination, dim=3)
 
 
 def _rotate_half(x: Tensor) -> Tensor:
@@ -153,7 +164,8 @@ class PrefixTarget(Target):
         cache = PrefixCache(
             head.new_zeros(shape), head.new_zeros(shape), prefix=0, audio=slice(len(self.head), n_prefix)
         )
-        self._layers(prefix, cache, torch.arange(n_prefix, device=memory.device), n_prefix, (), ())
+        steps = torch.arange(n_prefix, device=memory.device)
+        self._layers(prefix, cache, steps, steps, attention_mask(steps, n_prefix, None), (), ())
         cache.prefix, cache.static = n_prefix, static
         return cache
 
@@ -165,12 +177,13 @@ class PrefixTarget(Target):
         taps: tuple[int, ...] = (),
         attention_layers: tuple[int, ...] = (),
         positions: Tensor | None = None,
+        tree: TreeRows | None = None,
     ) -> DecoderOutput:
-        positions, end = step_positions(cache, tokens.shape[1], positions, tokens.device)
+        slots, end = step_positions(cache, tokens.shape[1], positions, tokens.device)
         visible = cache.keys.shape[3] if cache.static else cache.prefix + end
-        x, tapped, rows = self._layers(
-            self._llm.embed_tokens(tokens), cache, cache.prefix + positions, visible, taps, attention_layers
-        )
+        slots, at = cache.prefix + slots, cache.prefix + (slots if tree is None else tree.positions)
+        mask = attention_mask(slots, visible, tree, offset=cache.prefix)
+        x, tapped, rows = self._layers(self._llm.embed_tokens(tokens), cache, slots, at, mask, taps, attention_layers)
         return DecoderOutput(
             states=self._llm.norm(x),
             hidden=torch.cat(tapped, dim=-1) if taps else None,
@@ -181,16 +194,17 @@ class PrefixTarget(Target):
         self,
         x: Tensor,
         cache: PrefixCache,
-        steps: Tensor,
-        visible: int,
+        slots: Tensor,
+        positions: Tensor,
+        mask: Tensor,
         taps: tuple[int, ...],
         attention_layers: tuple[int, ...],
     ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
-        """The decoder layers over `x` at absolute positions `steps`, keys/values written into the cache; each row
-        attends the first `visible` positions, up to its own."""
+        """The decoder layers over `x` rotated to absolute `positions`, keys/values written into the cache at absolute
+        `slots`; each row attends the cache's first positions as `mask` (rows, visible) says."""
         batch, n_new = x.shape[:2]
-        cos, sin = (t.unsqueeze(1) for t in self._llm.rotary_emb(x, steps[None].expand(batch, -1)))
-        causal = torch.arange(visible, device=x.device) <= steps[:, None]
+        visible = mask.shape[1]
+        cos, sin = (t.unsqueeze(1) for t in self._llm.rotary_emb(x, positions[None].expand(batch, -1)))
         tapped = [x] if 0 in taps else []
         rows = []
         for i, layer in enumerate(self._llm.layers):
@@ -204,19 +218,19 @@ class PrefixTarget(Target):
                 q, k = attn.q_norm(q), attn.k_norm(k)
             q, k = q.transpose(1, 2), k.transpose(1, 2)
             q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-            cache.keys[i].index_copy_(2, steps, k)
-            cache.values[i].index_copy_(2, steps, attn.v_proj(h).view(batch, n_new, -1, self.head_dim).transpose(1, 2))
+            cache.keys[i].index_copy_(2, slots, k)
+            cache.values[i].index_copy_(2, slots, attn.v_proj(h).view(batch, n_new, -1, self.head_dim).transpose(1, 2))
             keys, values = cache.keys[i, :, :, :visible], cache.values[i, :, :, :visible]
             if i in attention_layers:
                 groups = self.n_heads // self.n_kv_heads
                 keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
                 scores = (q @ keys.transpose(-1, -2)) * attn.scaling
-                weights = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
+                weights = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
                 out = weights @ values
                 rows.append(weights[..., cache.audio].mean(dim=1))
             else:
                 out = F.scaled_dot_product_attention(
-                    q, keys, values, attn_mask=causal, scale=attn.scaling, enable_gqa=True
+                    q, keys, values, attn_mask=mask, scale=attn.scaling, enable_gqa=True
                 )
             x = x + attn.o_proj(out.transpose(1, 2).reshape(batch, n_new, -1))
             x = x + layer.mlp(layer.post_attention_layernorm(x))

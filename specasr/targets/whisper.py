@@ -14,7 +14,15 @@ from torch import Tensor
 from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration, WhisperTokenizer
 
 from specasr.audio import SAMPLE_RATE
-from specasr.targets.base import DecoderOutput, FrozenHead, Target, step_positions
+from specasr.targets.base import (
+    DecoderOutput,
+    FrozenHead,
+    Target,
+    TreeRows,
+    attention_mask,
+    move_rows,
+    step_positions,
+)
 from specasr.targets.head import VocabularyHead
 from specasr.targets.packed import PackedLinears
 
@@ -43,6 +51,9 @@ class KVCache:
     @property
     def capacity(self) -> int:
         return self.self_keys.shape[3]
+
+    def move(self, source: Tensor, destination: Tensor) -> None:
+        move_rows((self.self_keys, self.self_values), source, destination, dim=3)
 
 
 class WhisperTarget(Target):
@@ -173,15 +184,17 @@ class WhisperTarget(Target):
         taps: tuple[int, ...] = (),
         attention_layers: tuple[int, ...] = (),
         positions: Tensor | None = None,
+        tree: TreeRows | None = None,
     ) -> DecoderOutput:
-        positions, end = step_positions(cache, tokens.shape[1], positions, tokens.device)
+        slots, end = step_positions(cache, tokens.shape[1], positions, tokens.device)
         decoder, linear = self._decoder, self._linear
         table = decoder.embed_positions.weight
         # Rows past the last position exist only as padding of a fixed-size verification block; their outputs are
         # never read.
-        x = decoder.embed_tokens(tokens) + table[positions.clamp(max=table.shape[0] - 1)]
+        at = slots if tree is None else tree.positions
+        x = decoder.embed_tokens(tokens) + table[at.clamp(max=table.shape[0] - 1)]
         visible = cache.capacity if cache.static else end
-        causal = torch.arange(visible, device=tokens.device) <= positions[:, None]
+        mask = attention_mask(slots, visible, tree)
         tapped = [x] if 0 in taps else []
         attention_rows = []
         for i, layer in enumerate(decoder.layers):
@@ -189,10 +202,10 @@ class WhisperTarget(Target):
             h = layer.self_attn_layer_norm(x)
             q = self._heads(linear(attn.q_proj, h) * attn.scaling)
             keys, values = cache.self_keys[i], cache.self_values[i]
-            keys.index_copy_(2, positions, self._heads(linear(attn.k_proj, h)))
-            values.index_copy_(2, positions, self._heads(linear(attn.v_proj, h)))
+            keys.index_copy_(2, slots, self._heads(linear(attn.k_proj, h)))
+            values.index_copy_(2, slots, self._heads(linear(attn.v_proj, h)))
             out = F.scaled_dot_product_attention(
-                q, keys[:, :, :visible], values[:, :, :visible], attn_mask=causal, scale=1.0
+                q, keys[:, :, :visible], values[:, :, :visible], attn_mask=mask, scale=1.0
             )
             x = x + linear(attn.out_proj, self._merge_heads(out))
 
