@@ -201,7 +201,7 @@ def _word_error_rate(trace: Trace) -> float | None:
 
 def median_anchor_error_ms(trace: Trace) -> float | None:
     """Median |draft attention peak - reference frame| over the draft steps where both are known, in ms."""
-    known = [s for s in trace.steps if s.draft_peak is not None and s.reference_frame is not None]
+    known = [s for s in trace.spine if s.draft_peak is not None and s.reference_frame is not None]
     errors = [abs(s.draft_peak - s.reference_frame) for s in known]
     return float(np.median(errors)) * trace.frame_seconds * 1000 if errors else None
 

@@ -208,7 +208,7 @@ def _anchor_error(pairs: list[tuple[Trace, Trace]]) -> list[Difference]:
 
 
 def _anchor_errors_ms(trace: Trace) -> np.ndarray:
-    known = [s for s in trace.steps if s.draft_peak is not None and s.reference_frame is not None]
+    known = [s for s in trace.spine if s.draft_peak is not None and s.reference_frame is not None]
     return np.array([abs(s.draft_peak - s.reference_frame) for s in known], dtype=float) * trace.frame_seconds * 1000
 
 

@@ -16,7 +16,7 @@ from numpy.typing import ArrayLike
 from transformers.models.whisper.english_normalizer import EnglishTextNormalizer
 
 from specasr.intervals import bootstrap, pooled_bootstrap
-from specasr.trace import Trace
+from specasr.trace import DraftStep, Trace, spine
 
 if TYPE_CHECKING:
     from specasr.store import Store
@@ -90,7 +90,7 @@ def pooled_acceptance(accepted: Sequence[int], k_max: int, tokens: int) -> Accep
 
 def anchor_error_by_depth(traces: list[Trace]) -> pd.DataFrame:
     """|draft_peak - reference_frame| in frames per draft depth, over steps where both are known."""
-    steps = [(s.depth, s.draft_peak, s.reference_frame) for t in traces for s in t.steps]
+    steps = [(s.depth, s.draft_peak, s.reference_frame) for t in traces for s in t.spine]
     return anchor_error_table(pd.DataFrame(steps, columns=["depth", "draft_peak", "reference_frame"]))
 
 
@@ -323,14 +323,15 @@ def depth_profile(traces: list[Trace], draws: int = 1000, seed: int = 0) -> pd.D
     acceptance a_k^c, each with a 95% interval from resampling the traces (clips); a single trace has no spread."""
     k_max = max((t.settings.k for t in traces), default=0)
     survivors = np.array([[sum(r.accepted >= d for r in t.rounds) for d in range(k_max + 1)] for t in traces], float)
+    spines = [t.spine for t in traces]
     errors = [
         [
             [
                 abs(s.draft_peak - s.reference_frame) * t.frame_seconds * 1000
-                for s in t.steps
+                for s in spine
                 if s.depth == depth and s.draft_peak is not None and s.reference_frame is not None
             ]
-            for t in traces
+            for t, spine in zip(traces, spines, strict=True)
         ]
         for depth in range(k_max + 1)
     ]
@@ -377,12 +378,35 @@ def survival(store: "Store", run_ids: Sequence[str]) -> pd.DataFrame:
 
 
 def stored_anchor_error_by_depth(store: "Store", run_ids: Sequence[str]) -> pd.DataFrame:
-    """Per run and draft depth: n, median, mean and p90 of |draft peak - reference frame| in frames."""
-    steps = store.rows("draft_steps", run_ids, ["run_id", "depth", "draft_peak", "reference_frame"])
+    """Per run and draft depth: n, median, mean and p90 of |draft peak - reference frame| in frames, over each
+    round's spine (trace.spine)."""
+    tree = ["decode", "round", "node", "parent", "accepted", "probability"]
+    steps = spine_rows(store.rows("draft_steps", run_ids, ["run_id", *tree, "depth", "draft_peak", "reference_frame"]))
     by_run = dict(tuple(steps.groupby("run_id")))
     tables = [anchor_error_table(by_run[r]).assign(run_id=r) for r in run_ids if r in by_run]
     columns = ["run_id", "depth", "n", "median", "mean", "p90"]
     return pd.concat(tables, ignore_index=True)[columns] if tables else pd.DataFrame(columns=columns)
+
+
+def spine_rows(steps: pd.DataFrame) -> pd.DataFrame:
+    """The draft-step rows (with run_id, decode, node, parent, accepted and probability) on every round's spine."""
+    if steps.empty:
+        return steps
+    kept = []
+    for _, rows in steps.groupby(["run_id", "decode", "round"], sort=False):
+        nodes = [
+            DraftStep(0, depth, 0, accepted, None, None, None, node=node, parent=_value(parent), probability=_value(p))
+            for depth, accepted, node, parent, p in zip(
+                rows.depth, rows.accepted, rows.node, rows.parent, rows.probability, strict=True
+            )
+        ]
+        kept.append(rows[rows.node.isin({step.node for step in spine(nodes)})])
+    return pd.concat(kept)
+
+
+def _value(value):
+    """A row's value, its missing values as None."""
+    return None if pd.isna(value) else value
 
 
 def run_summary(store: "Store", run_ids: Sequence[str]) -> pd.DataFrame:

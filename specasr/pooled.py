@@ -124,7 +124,7 @@ def clip_columns(results: list[ClipResult]) -> dict[str, np.ndarray]:
 
 def restart_errors(trace: Trace) -> tuple[list[float], list[bool]]:
     """The anchor error (ms) and outcome of every restart proposal whose draft peak and reference frame are known."""
-    restarts = [s for s in trace.steps if s.depth == 1 and None not in (s.draft_peak, s.reference_frame)]
+    restarts = [s for s in trace.spine if s.depth == 1 and None not in (s.draft_peak, s.reference_frame)]
     frame_ms = trace.frame_seconds * 1000
     return [abs(s.draft_peak - s.reference_frame) * frame_ms for s in restarts], [s.accepted for s in restarts]
 

@@ -168,7 +168,7 @@ def peak_table(peaks: list[Trace], cells: dict[Settings, list[ClipResult]], half
         rows.append(peak_agreement(f"target layer {layer} verification", track, frames, half_width, frame_ms))
     for settings, results in cells.items():
         if settings.window == "unrestricted" and _attends(results):
-            restarts = [[s for s in r.trace.steps if s.depth == 1] for r in results]
+            restarts = [[s for s in r.trace.spine if s.depth == 1] for r in results]
             rows.append(
                 peak_agreement(
                     f"{cell_name(settings)} restart",
@@ -274,7 +274,7 @@ def _readout_errors(traces: list[Trace]) -> list[int]:
 def _centre_errors(traces: list[Trace]) -> dict[int, list[int]]:
     """|window centre - reference frame| in frames, by draft depth, for every draft step that has both."""
     errors: dict[int, list[int]] = {}
-    for step in (s for t in traces for s in t.steps if None not in (s.window_centre, s.reference_frame)):
+    for step in (s for t in traces for s in t.spine if None not in (s.window_centre, s.reference_frame)):
         errors.setdefault(step.depth, []).append(abs(step.window_centre - step.reference_frame))
     return errors
 

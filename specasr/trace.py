@@ -205,6 +205,23 @@ class DraftStep:
     probability: float | None = None  # the draft's probability of the token below its parent; None before trees
 
 
+def spine(round_steps: list[DraftStep]) -> list[DraftStep]:
+    """A round's nodes one per depth, as a chain holds its proposals: the accepted path, then below its end the
+    draft's most probable child at every depth. A chain's spine is all of its proposals; depth metrics, anchor
+    errors and the drift plot read a tree's spine."""
+    children: dict[int | None, list[DraftStep]] = {}
+    for step in round_steps:
+        children.setdefault(step.parent, []).append(step)
+    found, parent = [], None
+    while parent in children:
+        below = children[parent]
+        accepted = [step for step in below if step.accepted]
+        step = accepted[0] if accepted else max(below, key=lambda s: -1.0 if s.probability is None else s.probability)
+        found.append(step)
+        parent = step.node
+    return found
+
+
 @dataclass
 class VerifiedToken:
     """A transcript token and the clip frame the target attended most while predicting it, per decoder layer
@@ -243,6 +260,14 @@ class Trace:
     rounds: list[Round] = field(default_factory=list)
     steps: list[DraftStep] = field(default_factory=list)
     verified: list[VerifiedToken] = field(default_factory=list)
+
+    @property
+    def spine(self) -> list[DraftStep]:
+        """Every round's spine (`spine`), round by round: the draft steps a chain would hold, one per depth."""
+        rounds: dict[int, list[DraftStep]] = {}
+        for step in self.steps:
+            rounds.setdefault(step.round, []).append(step)
+        return [step for steps in rounds.values() for step in spine(steps)]
 
     @property
     def draft_seconds(self) -> float:

@@ -81,7 +81,7 @@ def drift_figure(
         )
     label = {i: f"{i}: {p.strip() or repr(p)}" for i, p in enumerate(pieces)}
     start = {r.index: r.start for r in trace.rounds}
-    steps = [s for s in trace.steps if s.round in start]
+    steps = [s for s in trace.spine if s.round in start]
     windowed = [s for s in steps if s.window_centre is not None]
     half_width = trace.settings.half_width_ms / 1000
     if windowed:
@@ -185,7 +185,7 @@ def attention_heatmap(trace: Trace, pieces: list[str]) -> go.Figure:
     """The draft's head-averaged audio attention of every kept proposal (rows: round/depth/token), with the forced
     alignment of the token it proposed for. Each 30 s window's rows sit at that window's place on the clip's time
     axis; dashed lines mark the cuts between windows."""
-    rows = [s for s in trace.steps if s.attention is not None]
+    rows = [s for s in trace.spine if s.attention is not None]
     if not rows:
         raise ValueError("this decode kept no attention rows (decode with keep_attention and an audio draft)")
     start = {r.index: r.start for r in trace.rounds}

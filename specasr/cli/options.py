@@ -15,7 +15,7 @@ from specasr.draft import shipped_drafts
 from specasr.pooled import MIN_SET_CLIPS, Weighting, weighting
 from specasr.store import default_db_path
 from specasr.targets import BUILTIN_TARGETS, DTYPES
-from specasr.trace import Settings
+from specasr.trace import MOST_TREE_WIDTH, Settings
 from specasr.windows import WINDOWS
 
 # Settings fields a speculative decode takes from options of the same name.
@@ -28,6 +28,8 @@ SPECULATIVE_FIELDS = (
     "threshold",
     "reference",
     "aligner",
+    "tree_width",
+    "tree_nodes",
 )
 
 T = TypeVar("T")
@@ -176,13 +178,55 @@ def add_window_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_tree_options(parser: argparse.ArgumentParser, several: bool = False) -> None:
+    """Draft trees (specasr.tree); several: each option takes a comma-separated list, and every width above 1 is
+    tried with every node count (`trees`)."""
+    width, nodes = number(int, 1, MOST_TREE_WIDTH), number(int, 1)
+    if several:
+        parser.add_argument(
+            "--tree-width",
+            type=listed(width),
+            default=(1,),
+            help="draft-tree widths, e.g. 1,2,3: the draft's top W tokens below each of its W most probable nodes "
+            "per depth; 1 is the chain of K proposals",
+        )
+        parser.add_argument(
+            "--tree-nodes",
+            type=listed(nodes),
+            default=(),
+            help="tree nodes verified per round, e.g. 8,12, tried with every width above 1 (default: K x width)",
+        )
+    else:
+        parser.add_argument(
+            "--tree-width",
+            type=width,
+            default=1,
+            help="draft-tree width: the draft's top W tokens below each of its W most probable nodes per depth; "
+            "1 is the chain of K proposals",
+        )
+        parser.add_argument(
+            "--tree-nodes", type=nodes, default=None, help="tree nodes verified per round (default: K x width)"
+        )
+
+
+def trees(args: argparse.Namespace) -> list[tuple[int, int | None]]:
+    """The (width, nodes) draft trees of a command whose tree options take lists: the chain for width 1, every node
+    count (None: K x width) for the others."""
+    found = []
+    for width in dict.fromkeys(args.tree_width):
+        found += [(1, None)] if width == 1 else [(width, nodes) for nodes in dict.fromkeys(args.tree_nodes or [None])]
+    return found
+
+
 def add_speculative_options(parser: argparse.ArgumentParser, several_drafts: bool = False, grid: bool = False) -> None:
-    """grid: --window, --k and --threshold take comma-separated lists, the axes of an experiment."""
+    """grid: --window, --k and --threshold take comma-separated lists, the axes of an experiment; with several drafts
+    or a grid, K and the draft trees take lists too."""
     add_draft_options(parser, several_drafts)
     if grid or several_drafts:
         parser.add_argument("--k", type=listed(number(int, 1)), default=(4,), help="proposals per round, e.g. 2,4,8")
     else:
         parser.add_argument("--k", type=number(int, 1), default=4, help="most draft proposals per round")
+    add_tree_options(parser, several=grid or several_drafts)
     if grid:
         parser.add_argument("--window", type=listed(str), default=("unrestricted",), help=", ".join(WINDOWS))
         parser.add_argument(
