@@ -11,7 +11,7 @@ from tqdm import tqdm
 
 from specasr.audio import Clip
 from specasr.intervals import aa_table, timed_ratio
-from specasr.metrics import acceptance, loop_costs, predicted_round_speedup, proposals_per_round, rho
+from specasr.metrics import acceptance, loop_costs, passes_per_round, predicted_round_speedup, rho
 from specasr.pipeline import Pipeline
 from specasr.precision import token_agreement
 from specasr.store import Store
@@ -26,6 +26,7 @@ class ArmResult:
     traces: list[Trace] = field(default_factory=list)
     repeats: list[int] = field(default_factory=list)
     device_seconds: dict[str, float] = field(default_factory=dict)  # its captured steps replayed back to back
+    pass_costs: tuple[float, float] | None = None  # a speculative arm's v(N) and rho(W), in target steps
     float32_agreement: tuple[float, int] | None = None  # token share, clips alike: against float32 greedy
     copy_of: str | None = None  # the arm this one times again (the A/A check)
 
@@ -92,6 +93,8 @@ def benchmark(
                 results[name].repeats.append(repeat)
     for name, settings in arms.items():
         results[name].device_seconds = pipeline.device_seconds(clips[0], settings)
+        if settings.draft is not None:
+            results[name].pass_costs = pipeline.pass_costs(clips[len(clips) // 2], settings)
     if any(result.settings.dtype != "float32" for result in results.values()):
         _check_against_float32(pipeline, clips, results)
     baseline = min(greedy_arms, key=lambda name: sum(t.timings.decode for t in results[name].traces))
@@ -138,10 +141,12 @@ def summary(table: pd.DataFrame, results: dict[str, ArmResult]) -> pd.DataFrame:
     """One row per arm: speedups over the baseline, the fastest greedy loop of ours (median over clips, and pooled
     over time with its 95% interval over clips and the repetitions within each, paired with the baseline's,
     metrics.timed_ratio), seconds per clip, decode-phase tokens per second and milliseconds per token, clips with the
-    baseline's tokens and, for speculative arms, acceptance, rho, the cost model's decode speedup
-    (1 + L) / (1 + K rho) with K the rounds' mean proposals, to hold against the measured one, and what the model
-    leaves out: a verification pass in greedy steps, the share of the decode phase outside draft steps and
-    verification passes, and the model's speedup with both put back.
+    baseline's tokens and, for speculative arms, acceptance, rho (a draft pass over a verification, in the loop), the
+    cost model's decode speedup (1 + L) / (v(N) + K rho(W)), to hold against the measured one: v(N) a verification of
+    the arm's N nodes and rho(W) a draft pass over its frontier of W rows, each timed alone in target steps of one
+    row (profiling.pass_costs), K the rounds' mean draft passes; and what the model leaves out: a verification pass
+    in the loop in greedy steps, the share of the decode phase outside draft and verification passes, and the
+    model's speedup with that share put back.
 
     Where an arm replays captured steps: their device time alone (a greedy step, or a round's drafting and
     verification), the decode phase's wall time per step (per token, or per round; from the medians over
@@ -186,10 +191,12 @@ def summary(table: pd.DataFrame, results: dict[str, ArmResult]) -> pd.DataFrame:
         if result.settings.draft is not None:
             accepted, measured_rho = acceptance(first), rho(result.traces)
             row |= {"L": accepted.L, "a1": accepted.a1, "a2c": accepted.a2c, "rho": measured_rho}
-            model = predicted_round_speedup(accepted.L, proposals_per_round(result.traces), measured_rho)
+            verification, draft_pass = result.pass_costs
+            model = predicted_round_speedup(accepted.L, passes_per_round(result.traces), draft_pass, verification)
             costs = loop_costs(result.traces, greedy)
-            row |= {"cost_model_speedup": model, "verify_steps": costs.verify_steps}
-            row |= {"outside_share": costs.outside_share, "accounted_speedup": costs.accounted_speedup(model)}
+            row |= {"v": verification, "rho_w": draft_pass, "cost_model_speedup": model}
+            row |= {"verify_steps": costs.verify_steps, "outside_share": costs.outside_share}
+            row["accounted_speedup"] = costs.accounted_speedup(model)
         rows.append(row)
     return pd.DataFrame(rows)
 

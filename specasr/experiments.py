@@ -1,5 +1,5 @@
-"""Experiments: a grid of drafts x windows x K x thresholds over the same clips, every decode kept in the run store
-and in memory, for the paper's tables (`specasr.report`).
+"""Experiments: a grid of drafts x windows x K x draft trees x thresholds over the same clips, every decode kept in the
+run store and in memory, for the paper's tables (`specasr.report`).
 
 The greedy baseline runs once per clip and repetition and serves every cell; a second copy of it runs beside the
 cells, the A/A check (`report.aa_check`); one more greedy pass per clip records every target layer's verification
@@ -30,13 +30,15 @@ REPEATS = 5  # timing repetitions: fewer leave the speed intervals little run-to
 
 @dataclass(frozen=True)
 class Grid:
-    """The cells of an experiment: every draft x window x K x threshold on top of `base` (target, device, ...)."""
+    """The cells of an experiment: every draft x window x K x tree x threshold on top of `base` (target, device, ...);
+    a tree is (width, nodes), (1, None) the chain."""
 
     base: Settings
     drafts: tuple[str, ...]
     windows: tuple[str, ...] = ("unrestricted",)
     ks: tuple[int, ...] = (4,)
     thresholds: tuple[float, ...] = (0.0,)
+    trees: tuple[tuple[int, int | None], ...] = ((1, None),)
 
     def baseline(self) -> Settings:
         return replace(self.base, draft=None, verify_peaks=False, reference="never")
@@ -49,10 +51,21 @@ class Grid:
         """Reference frames for every cell (anchor errors under any window); no per-layer verification peaks, so
         the loop is timed as it would run."""
         return [
-            replace(self.base, draft=d, window=w, k=k, threshold=t, reference="always", verify_peaks=False)
+            replace(
+                self.base,
+                draft=d,
+                window=w,
+                k=k,
+                threshold=t,
+                tree_width=width,
+                tree_nodes=nodes,
+                reference="always",
+                verify_peaks=False,
+            )
             for d in self.drafts
             for w in self.windows
             for k in self.ks
+            for width, nodes in self.trees
             for t in self.thresholds
         ]
 
@@ -224,7 +237,13 @@ def _decode_interleaved(
 def cell_name(settings: Settings) -> str:
     if settings.draft is None:
         return "greedy with verification peaks" if settings.verify_peaks else "greedy"
-    return f"{draft_label(settings.draft)} {settings.window} K={settings.k} threshold={settings.threshold:g}"
+    return f"{draft_label(settings.draft)} {settings.window} {shape_label(settings)} threshold={settings.threshold:g}"
+
+
+def shape_label(settings: Settings) -> str:
+    """K, and for a tree its width and the nodes it verifies: "K=4", "K=4 tree 3x12"."""
+    tree = f" tree {settings.tree_width}x{settings.nodes}" if settings.tree_width > 1 else ""
+    return f"K={settings.k}{tree}"
 
 
 def draft_label(draft: str) -> str:

@@ -2,11 +2,12 @@
 depths, so that each depth's acceptance is compared on the same rounds and not on each loop's own survivors.
 
 A clip is read once per target: its greedy transcript and reference frames, and one teacher-forced pass that gives
-the draft's input features and the target's verification peaks at every position. Each condition then rolls the
-draft out from every round start at once (`train.unroll`), its window centred as the loop centres it after that
-many verified tokens. A rollout feeds the draft the transcript's tokens: on a round that survives to a depth they
-are the tokens the loop would feed it, so survival, conditional acceptance and the anchor errors of reached
-proposals are the loop's own on those rounds.
+the draft's input features and the target's verification peaks at every position. Each condition runs the draft once
+over the whole transcript, as the loop's catch-up reads it, then drafts every round as the loop drafts it
+(`specasr.tree`: a chain of K proposals at tree width 1) from the start's last catch-up row, its window centred as the
+loop centres it after that many verified tokens. A node is accepted when its token is the transcript's at its depth
+and its parent is accepted: after a correct prefix the target's choice is the transcript token. So on the rounds the
+loop ran, a rollout drafts, accepts and attends as the loop did.
 """
 
 from collections.abc import Callable
@@ -18,9 +19,10 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
+from specasr import tree
 from specasr.audio import Clip
-from specasr.decode import runtime_layer
-from specasr.draft import Draft
+from specasr.decode import read, runtime_layer
+from specasr.draft import Draft, DraftCache, DraftOutput
 from specasr.experiments import draft_label
 from specasr.intervals import Interval, pooled_bootstrap
 from specasr.metrics import odds_ratio, outcome_counts
@@ -28,14 +30,13 @@ from specasr.pipeline import Pipeline
 from specasr.pooled import DRAWS, LARGE_ERROR_MS, METRICS, SEED, Weighting, survival
 from specasr.targets import Target
 from specasr.targets.base import audio_peaks
-from specasr.trace import Settings
-from specasr.train import Batch, unroll
+from specasr.trace import DraftStep, Settings, spine
 from specasr.windows import NO_WINDOW, WindowPolicy
 
 PROTOCOL = (
     "matched rounds: every window starts from the same rounds ({starts}) and is followed through K depths; draft "
-    "inputs from one teacher-forced target pass per clip; s_k and a_k^c pooled over rounds, anchor errors over the "
-    "proposals each depth reaches"
+    "inputs from one teacher-forced target pass per clip; s_k and a_k^c pooled over rounds along each round's spine "
+    "(its accepted path, then the draft's most probable node), anchor errors over the proposals each depth reaches"
 )
 AGGREGATION = (
     "within a set, s_k and a_k^c pooled over rounds and sets weighted equally; 95% paired bootstrap intervals "
@@ -43,7 +44,7 @@ AGGREGATION = (
     "same clips in every condition; anchor errors and outcome medians pooled over clips"
 )
 STARTS = {
-    "loop": "the round starts of the unrestricted real loop of the same draft and K",
+    "loop": "the round starts of the unrestricted real loop of the same draft, K and tree",
     "all": "every transcript position",
 }
 MATCHED_CONTRASTS = (("unrestricted", "correct"), ("unrestricted", "shift"), ("shift", "correct"))  # (a, b): b - a
@@ -76,8 +77,22 @@ def read_clip(pipeline: Pipeline, settings: Settings, clip: Clip, subset: str, r
     target = pipeline.target(settings)
     with torch.inference_mode():
         memory = target.encode(target.features(target.samples(clip.audio)))
-        valid_frames = target.valid_frames(len(clip.audio))
-        tokens = [*target.prompt, *trace.tokens, target.eot]
+    frames = trace.reference_frames or [None] * len(trace.tokens)
+    return teacher_forced(target, clip, subset, trace.tokens, frames, memory, target.valid_frames(len(clip.audio)))
+
+
+def teacher_forced(
+    target: Target,
+    clip: Clip,
+    subset: str,
+    transcript: list[int],
+    reference: list[int | None],
+    memory: torch.Tensor,
+    valid_frames: int,
+) -> ClipView:
+    """One target pass over the prompt and the transcript: every layer's states and verification peaks."""
+    tokens = [*target.prompt, *transcript, target.eot]
+    with torch.inference_mode():
         cache = target.new_cache(memory, capacity=len(tokens) - 1)
         out = target.forward(
             torch.tensor([tokens[:-1]], device=memory.device),
@@ -85,52 +100,91 @@ def read_clip(pipeline: Pipeline, settings: Settings, clip: Clip, subset: str, r
             taps=tuple(range(target.n_layers + 1)),
             attention_layers=tuple(range(target.n_layers)),
         )
-    prompt = len(target.prompt)
     return ClipView(
         clip=clip,
         subset=subset,
         tokens=tokens,
-        reference=np.array(
-            [NO_WINDOW if f is None else f for f in trace.reference_frames or [None] * len(trace.tokens)]
-        ),
+        reference=np.array([NO_WINDOW if f is None else f for f in reference]),
         memory=memory,
         valid_frames=valid_frames,
         hidden=out.hidden[0].view(len(tokens) - 1, target.n_layers + 1, target.d_model),
-        peaks=audio_peaks(out.audio_attention[:, :, prompt - 1 :], valid_frames),
+        peaks=audio_peaks(out.audio_attention[:, :, len(target.prompt) - 1 :], valid_frames),
         frame_ms=target.frame_seconds * 1000,
     )
 
 
 @dataclass(frozen=True)
 class Rollouts:
-    """One clip's matched rounds under one condition: arrays over (rounds, depths)."""
+    """One clip's matched rounds under one condition: arrays over (rounds, depths) along each round's spine (as
+    `specasr.trace.spine` reads a round: its accepted path, then the draft's most probable node; a chain's
+    proposals), and the draft's restart candidates."""
 
     clip_hash: str
     group: str  # the set it is weighted in
     starts: np.ndarray  # (R,) transcript tokens verified before each round
-    accepted: np.ndarray  # (R, K) the proposal at depth d is the target's token
-    draft_peaks: np.ndarray  # (R, K) frame of the draft's attention peak; -1 without audio attention
+    tokens: np.ndarray  # (R, K) the spine's token; -1 past a spine that ends above depth K
+    accepted: np.ndarray  # (R, K) the spine's node at depth d is accepted
+    draft_peaks: np.ndarray  # (R, K) frame of the draft's attention peak; -1 without audio attention or a node
     centres: np.ndarray  # (R, K) the window's centre; -1 for none
-    reference: np.ndarray  # (R, K) the proposed token's reference frame; -1 where unknown
+    reference: np.ndarray  # (R, K) the reference frame of the token at depth d; -1 where unknown
+    restarts: np.ndarray  # (R, W) the transcript's token is among the draft's m most probable restarts, m = 1..W
     frame_ms: float
 
     @property
     def reached(self) -> np.ndarray:
         """(R, K) proposals made while every earlier one of their round stood: the loop's own proposals."""
         survived = np.cumprod(self.accepted, axis=1).astype(bool)
-        return np.concatenate([np.ones_like(survived[:, :1]), survived[:, :-1]], axis=1)
+        return np.concatenate([np.ones_like(survived[:, :1]), survived[:, :-1]], axis=1) & (self.tokens >= 0)
 
 
 def roll_out(
     target: Target, draft: Draft, view: ClipView, settings: Settings, starts: list[int], group: str = "all"
 ) -> Rollouts:
-    """The draft's K proposals from each round start (verified transcript tokens) under `settings.window`.
+    """The draft's tree (`settings.tree_width`, `settings.nodes`) from each round start (verified transcript tokens)
+    under `settings.window`.
 
     A round after v verified tokens restarts at draft position P + v - 2 (P prompt tokens), which reads the target's
-    state there and the last verified token, and its step at depth d predicts transcript token v + d - 1.
+    state there and the last verified token, and its nodes at depth d predict transcript token v + d - 1.
     """
-    k, prompt, n_tokens = settings.k, len(target.prompt), len(view.tokens)
-    transcript = n_tokens - prompt - 1
+    k, width, prompt = settings.k, settings.tree_width, len(target.prompt)
+    policy = _policy(target, view, settings)
+    window = policy.mask if draft.config.audio else lambda centres: None
+    centres = torch.full((len(starts), k), NO_WINDOW, device=view.memory.device)
+    if starts:
+        centres = torch.stack([policy.centres(v, k, v) for v in starts])
+    roots = [prompt + v - 2 for v in starts]
+    root_centres = torch.full((len(view.tokens) - 1,), NO_WINDOW, device=view.memory.device)
+    root_centres[roots] = centres[:, 0]  # no window elsewhere: no other row's output is read, nor kept in the cache
+    truth = torch.tensor(view.tokens[prompt:] + [-1] * (k + 1), device=view.memory.device)  # nothing past the end
+    rounds = len(starts)
+    tokens, accepted, peaks = np.full((rounds, k), -1), np.zeros((rounds, k), dtype=bool), np.full((rounds, k), -1)
+    restarts = np.zeros((rounds, width), dtype=bool)
+    with torch.inference_mode():
+        cache = draft.new_cache(view.memory, view.valid_frames, len(view.tokens) - 1 + (k - 1) * width)
+        forced = _catch_up(draft, view, cache, window(root_centres))
+        for i in sorted(range(rounds), key=lambda i: -starts[i]):  # a tree overwrites later starts' rows only
+            cache.length = roots[i] + 1
+            candidates = tree.grow(draft, _row(forced, roots[i]), cache, cache.length, centres[i], window, width, k)
+            found = _round(candidates, settings.nodes, truth[starts[i] : starts[i] + k + 1], target.eot, k)
+            tokens[i], accepted[i], peaks[i], restarts[i] = found
+    index = np.asarray(starts, dtype=int)[:, None] + np.arange(k)[None, :]  # transcript index of each depth
+    return Rollouts(
+        clip_hash=view.clip.hash,
+        group=group,
+        starts=np.asarray(starts, dtype=int),
+        tokens=tokens,
+        accepted=accepted,
+        draft_peaks=peaks,
+        centres=centres.cpu().numpy(),
+        reference=np.concatenate([view.reference, np.full(k + 1, NO_WINDOW)])[index],
+        restarts=restarts,
+        frame_ms=view.frame_ms,
+    )
+
+
+def _policy(target: Target, view: ClipView, settings: Settings) -> WindowPolicy:
+    """The window as the loop centres it on this clip, the runtime windows reading the teacher-forced peaks."""
+    transcript = len(view.tokens) - len(target.prompt) - 1
     policy = WindowPolicy(
         settings.window,
         settings.half_width_ms,
@@ -138,58 +192,50 @@ def roll_out(
         [None if f < 0 else int(f) for f in view.reference],
         target.frame_seconds,
         view.memory.device,
-        transcript + k + 1,
+        transcript + settings.k + 1,
     )
     policy.observe_verified(0, view.peaks[:, runtime_layer(settings, target)])
-    starts_t = torch.tensor(starts, dtype=torch.long, device=view.memory.device)
-    centres = torch.stack([policy.centres(v, k, v) for v in starts]) if starts else starts_t.view(0, 1).expand(0, k)
-
-    length = n_tokens - 1 + k  # room for the last round's chain past end-of-text
-    features = view.hidden[:, list(draft.config.taps)].reshape(n_tokens - 1, -1)
-    batch = _batch(view, features, length)
-    masks = []
-    for depth in range(1, k + 1):
-        rows = torch.full((length,), NO_WINDOW, device=view.memory.device)
-        rows[prompt + starts_t - 3 + depth] = centres[:, depth - 1]
-        masks.append(policy.mask(rows, view.valid_frames))
-    chosen, peaks = [], []
-    with torch.inference_mode():
-        for depth, out in enumerate(unroll(draft, batch, k, masks), start=1):
-            at = prompt + starts_t - 3 + depth
-            chosen.append(draft.vocab_to_target(draft.logits(out.hidden[0, at]).argmax(dim=-1)))
-            peaks.append(out.attention[0, at].argmax(dim=-1) if out.attention is not None else torch.full_like(at, -1))
-    proposed = torch.stack(chosen, dim=1).cpu().numpy()
-    index = np.asarray(starts, dtype=int)[:, None] + np.arange(k)[None, :]  # transcript index of each proposal
-    truth = np.asarray(view.tokens[prompt:] + [-1] * k)[index]
-    reference = np.concatenate([view.reference, np.full(k + 1, NO_WINDOW)])[index]
-    return Rollouts(
-        clip_hash=view.clip.hash,
-        group=group,
-        starts=np.asarray(starts, dtype=int),
-        accepted=proposed == truth,  # the truth past end-of-text is -1: nothing after it counts, as in the loop
-        draft_peaks=torch.stack(peaks, dim=1).cpu().numpy(),
-        centres=centres.cpu().numpy(),
-        reference=reference,
-        frame_ms=view.frame_ms,
-    )
+    return policy
 
 
-def _batch(view: ClipView, features: torch.Tensor, length: int) -> Batch:
-    """The clip as the draft's unrolled rollout reads it: position t reads (f_t, x_{t+1}); zeros past the end."""
-    inputs = torch.zeros(1, length, dtype=torch.long, device=features.device)
-    inputs[0, : len(view.tokens) - 1] = torch.tensor(view.tokens[1:], device=features.device)
-    padded = torch.zeros(1, length, features.shape[-1], dtype=features.dtype, device=features.device)
-    padded[0, : features.shape[0]] = features
-    none = torch.full((1, length), -1, device=features.device)
-    return Batch(
-        features=padded,
-        input_features=padded,
-        inputs=inputs,
-        targets=none,
-        frames=none,
-        memory=view.memory[:, : view.valid_frames],
-        valid_frames=torch.tensor([view.valid_frames], device=features.device),
-        lengths=torch.tensor([len(view.tokens) - 1], device=features.device),
+def _catch_up(draft: Draft, view: ClipView, cache: DraftCache, mask: torch.Tensor | None) -> DraftOutput:
+    """The draft over every position at once, as the loop's catch-ups read them: position t reads the target's
+    features f_t and the token x_{t+1}."""
+    features = view.hidden[:, list(draft.config.taps)].flatten(1)
+    inputs = torch.tensor([view.tokens[1:]], device=features.device)
+    return draft(features[None], inputs, cache, mask)
+
+
+def _row(out: DraftOutput, row: int) -> DraftOutput:
+    return DraftOutput(*(None if x is None else x[:, row : row + 1] for x in (out.hidden, out.features, out.attention)))
+
+
+def _round(candidates: tree.Candidates, nodes: int, truth: torch.Tensor, eot: int, k: int) -> tuple[list, ...]:
+    """One round's spine (tokens, accepted, draft peaks; K each, -1 past its end) and its restart hits (W): the
+    `nodes` most probable candidates verified against the transcript. truth: the transcript from the round's first
+    token on, the target's choice after each depth of an accepted path."""
+    chosen = tree.choose(candidates, nodes)
+    block = tree.block(candidates, chosen, k)
+    count, path = tree.accept(block, truth[block.depths], eot, k, k)
+    sources = candidates.sources.index_select(0, chosen)  # the draft row that predicted each node
+    attention = candidates.attention
+    peaks = attention.index_select(0, sources).argmax(dim=-1) if attention is not None else sources * 0 - 1
+    restarts = candidates.tokens[candidates.depths == 1] == truth[0]  # tree.top at the root, most probable first
+    values = [block.tokens, block.parents, block.depths, block.probabilities, count, path, peaks, restarts]
+    tokens, parents, depths, probabilities, (count,), path, peaks, restarts = read(values)
+    on_path = set(path[1 : count + 1])  # block rows, which name the nodes here: the root is row 0
+    drafted = zip(range(1, len(tokens) + 1), tokens, depths[1:], parents[1:], probabilities, peaks, strict=True)
+    steps = [
+        DraftStep(0, depth, token, row in on_path, peak, None, None, node=row, parent=parent or None, probability=p)
+        for row, token, depth, parent, p, peak in drafted
+    ]
+    found = spine(steps)
+    missing = [-1] * (k - len(found))
+    return (
+        [s.token for s in found] + missing,
+        [s.accepted for s in found] + [False] * len(missing),
+        [s.draft_peak for s in found] + missing,
+        np.cumsum(restarts) > 0,
     )
 
 
@@ -204,12 +250,14 @@ def round_starts(pipeline: Pipeline, settings: Settings, clip: Clip, view: ClipV
 
 
 def clip_columns(rollouts: list[Rollouts]) -> dict[str, np.ndarray]:
-    """Per clip (rows): rounds surviving each depth 0..K, and per depth the reached proposals' anchor errors (sum and
-    count, in frames) and their outcome counts (metrics.outcome_counts)."""
-    survivors, error_sum, error_count, outcomes = [], [], [], []
+    """Per clip (rows): rounds surviving each depth 0..K, and per depth the reached proposals, their anchor errors
+    (sum and count, in frames) and their outcome counts (metrics.outcome_counts); rounds whose transcript token is
+    among the draft's m most probable restarts, m = 1..W."""
+    survivors, reached, error_sum, error_count, outcomes = [], [], [], [], []
     for r in rollouts:
         survived = np.cumprod(r.accepted, axis=1)
         survivors.append([len(r.starts), *survived.sum(axis=0)])
+        reached.append(r.reached.sum(axis=0))
         known = r.reached & (r.reference >= 0) & (r.draft_peaks >= 0)
         error = np.abs(r.draft_peaks - r.reference)
         error_sum.append(np.where(known, error, 0).sum(axis=0))
@@ -222,6 +270,8 @@ def clip_columns(rollouts: list[Rollouts]) -> dict[str, np.ndarray]:
         )
     return {
         "survivors": np.array(survivors, dtype=float),
+        "reached": np.array(reached, dtype=float),
+        "restarts": np.array([r.restarts.sum(axis=0) for r in rollouts], dtype=float),
         "error_sum": np.array(error_sum, dtype=float),
         "error_count": np.array(error_count, dtype=float),
         "outcomes": np.array(outcomes, dtype=float),
@@ -233,13 +283,26 @@ def conditional(depth: int) -> Callable[[dict[str, np.ndarray]], np.ndarray]:
     return lambda sums: sums["survivors"][..., depth] / sums["survivors"][..., depth - 1]
 
 
+def restart(candidates: int) -> Callable[[dict[str, np.ndarray]], np.ndarray]:
+    """a1(m): the share of rounds whose transcript token is among the draft's m most probable restarts."""
+    return lambda sums: sums["restarts"][..., candidates - 1] / sums["survivors"][..., 0]
+
+
 @dataclass(frozen=True)
 class Condition:
-    """One draft under one window, rolled out from the same rounds as every other condition of its draft."""
+    """One draft under one window and draft tree, rolled out from the same rounds as every other condition of its
+    draft."""
 
     draft: str
     window: str
+    width: int  # the draft tree's width (1: a chain)
+    nodes: int  # tree nodes verified per round
     rollouts: list[Rollouts]
+
+    @property
+    def name(self) -> dict[str, str | int]:
+        """What a table row names it by."""
+        return {"draft": self.draft, "window": self.window, "width": self.width, "nodes": self.nodes}
 
     @cached_property
     def columns(self) -> dict[str, np.ndarray]:
@@ -284,7 +347,8 @@ def run_matched(
             for window in windows:
                 rollouts = roll_out(target, draft, view, replace(cell, window=window), first, weights.groups[clip.hash])
                 found[name, window].append(rollouts)
-    return [Condition(draft_label(d), w, rollouts) for (d, w), rollouts in found.items()]
+    tree_shape = settings.tree_width, settings.nodes
+    return [Condition(draft_label(d), w, *tree_shape, rollouts) for (d, w), rollouts in found.items()]
 
 
 def depth_table(conditions: list[Condition]) -> pd.DataFrame:
@@ -296,11 +360,10 @@ def depth_table(conditions: list[Condition]) -> pd.DataFrame:
         for depth in range(1, len(survivors)):
             count = sums["error_count"][depth - 1]
             rows.append(
-                {
-                    "draft": c.draft,
-                    "window": c.window,
+                c.name
+                | {
                     "depth": depth,
-                    "reached": int(survivors[depth - 1]),
+                    "reached": int(sums["reached"][depth - 1]),
                     "error_frames": sums["error_sum"][depth - 1] / count if count else None,
                     "s": _estimate(survival(depth), c),
                     "a_c": _estimate(conditional(depth), c),
@@ -314,7 +377,7 @@ def summary_table(conditions: list[Condition]) -> pd.DataFrame:
     rows = []
     metrics = {"a1": METRICS["a1"], "a2c": METRICS["a2c"], "s2": survival(2), "s3": survival(3), "L": METRICS["L"]}
     for c in conditions:
-        row = {"draft": c.draft, "window": c.window, "clips": len(c.rollouts)}
+        row = c.name | {"clips": len(c.rollouts)}
         row["rounds"] = int(sum(len(r.starts) for r in c.rollouts))
         for name, metric in metrics.items():
             try:
@@ -370,9 +433,8 @@ def outcome_table(conditions: list[Condition]) -> pd.DataFrame:
             except ValueError:  # an empty cell in most draws
                 ratio = Interval(float("nan"), float("nan"), float("nan"))
             rows.append(
-                {
-                    "draft": c.draft,
-                    "window": c.window,
+                c.name
+                | {
                     "depth": depth,
                     "accepted": int(outcomes.sum()),
                     "rejected": int((~outcomes).sum()),
@@ -383,6 +445,24 @@ def outcome_table(conditions: list[Condition]) -> pd.DataFrame:
                     "odds_high": ratio.high,
                 }
             )
+    return pd.DataFrame(rows)
+
+
+def restart_table(conditions: list[Condition]) -> pd.DataFrame:
+    """Restart acceptance with m candidates, m = 1..W, whatever the node budget: a1(m) and, paired on the same
+    rounds, its gain over the chain's restart, a1(m) - a1(1)."""
+    rows = []
+    for c in conditions:
+        for m in range(1, c.width + 1):
+            try:
+                found = _interval(restart(m), [c])
+            except ValueError:  # no rounds
+                continue
+            row = c.name | {"m": m, "a1": found.estimate, "a1_low": found.low, "a1_high": found.high}
+            if m > 1:
+                gain = _interval(lambda sums, m=m: restart(m)(sums) - restart(1)(sums), [c])
+                row |= {"gain": gain.estimate, "gain_low": gain.low, "gain_high": gain.high}
+            rows.append(row)
     return pd.DataFrame(rows)
 
 
@@ -403,6 +483,7 @@ class MatchedTables:
     depths: pd.DataFrame  # Table 12, top
     contrasts: pd.DataFrame
     outcomes: pd.DataFrame  # Table 12, bottom
+    restarts: pd.DataFrame
 
 
 def matched_tables(conditions: list[Condition], starts: str) -> MatchedTables:
@@ -412,4 +493,5 @@ def matched_tables(conditions: list[Condition], starts: str) -> MatchedTables:
         depths=depth_table(conditions),
         contrasts=contrast_table(conditions),
         outcomes=outcome_table(conditions),
+        restarts=restart_table(conditions),
     )

@@ -134,22 +134,22 @@ def speedup(baseline_seconds: list[float], candidate_seconds: list[float]) -> fl
 
 
 def rho(traces: list[Trace]) -> float:
-    """Measured cost of one draft step over one verification pass, pooled over rounds.
+    """Measured cost of one draft pass over one verification pass, pooled over rounds.
 
-    Draft seconds include the draft's catch-up on the tokens verified in the previous round, so this
-    is the full draft cost per proposed token, not the bare proposal step.
+    Draft seconds include the draft's catch-up on the tokens verified in the previous round, so this is the full
+    draft cost per depth drafted (a chain's proposed token, a tree's frontier), not the bare proposal step.
     """
     rounds = [r for t in traces for r in t.rounds]
-    steps = sum(len(r.proposed) for r in rounds)
+    passes = sum(t.draft_passes for t in traces)
     verify = sum(r.verify_seconds for r in rounds)
-    if not steps or verify <= 0:
+    if not passes or verify <= 0:
         raise ValueError("need rounds with draft steps and positive verification time to measure rho")
-    return step_cost(sum(r.draft_seconds for r in rounds), steps, verify, len(rounds))
+    return step_cost(sum(r.draft_seconds for r in rounds), passes, verify, len(rounds))
 
 
-def step_cost(draft_seconds: ArrayLike, steps: ArrayLike, verify_seconds: ArrayLike, rounds: ArrayLike) -> ArrayLike:
-    """rho from its sums: draft seconds per proposed token over verification seconds per round (elementwise)."""
-    return (draft_seconds / steps) / (verify_seconds / rounds)
+def step_cost(draft_seconds: ArrayLike, passes: ArrayLike, verify_seconds: ArrayLike, rounds: ArrayLike) -> ArrayLike:
+    """rho from its sums: draft seconds per draft pass over verification seconds per round (elementwise)."""
+    return (draft_seconds / passes) / (verify_seconds / rounds)
 
 
 def correction_pays(delta_L: float, L: float, delta_cost: float, k: float, rho: float) -> bool:
@@ -167,34 +167,36 @@ def predicted_speed_change(delta_L: float, L: float, delta_cost: float, k: float
     return (1 + k * rho) * (1 + L + delta_L) / ((1 + L) * (1 + k * rho + delta_cost)) - 1
 
 
-def predicted_round_speedup(L: float, k: float, rho: float) -> float:
-    """Tokens per unit of target-pass cost relative to greedy, (1 + L) / (1 + K*rho); k: draft steps per round (K,
-    or their mean where rounds stop drafting early).
+def predicted_round_speedup(L: float, k: float, rho: float, verification: float = 1.0) -> float:
+    """Tokens per unit of target-pass cost relative to greedy, (1 + L) / (v + K rho): a round's verification costs v
+    and each of its k draft passes rho (K, or their mean where rounds stop drafting early). The paper prices a
+    verification as one greedy step (v = 1, rho relative to it); a tree's v(N) grows with the nodes it verifies and
+    its rho(W) with the frontier a draft pass reads, both in greedy steps.
 
     The idealised decode-phase speedup: it ignores features, encoder and per-round overheads.
     """
-    return (1 + L) / (1 + k * rho)
+    return (1 + L) / (verification + k * rho)
 
 
-def proposals_per_round(traces: list[Trace]) -> float:
-    """The mean number of proposals a round kept: K, less where rounds stopped early or met the length limit."""
-    rounds = [r for t in traces for r in t.rounds]
+def passes_per_round(traces: list[Trace]) -> float:
+    """The mean draft passes of a round, its deepest node: K, less where rounds stopped early or met the length
+    limit (a chain's proposals)."""
+    rounds = sum(len(t.rounds) for t in traces)
     if not rounds:
-        raise ValueError("no rounds to count proposals in")
-    return sum(len(r.proposed) for r in rounds) / len(rounds)
+        raise ValueError("no rounds to count draft passes in")
+    return sum(t.draft_passes for t in traces) / rounds
 
 
 @dataclass
 class LoopCosts:
-    """What the cost model (1 + L) / (1 + K rho) leaves out of a measured loop: it prices a verification pass as
-    one greedy step and the loop's work outside draft steps and verification passes as nothing."""
+    """What a measured loop spends beside its draft and verification passes, which the cost model leaves out."""
 
-    verify_steps: float  # one verification pass, in tokens of our greedy loop's decode phase
+    verify_steps: float  # one verification pass in the loop, in tokens of our greedy loop's decode phase
     outside_share: float  # of the speculative decode phase: the prompt pass, host reads, bookkeeping
 
     def accounted_speedup(self, model_speedup: float) -> float:
-        """The cost model's decode speedup with these two costs put back."""
-        return model_speedup * (1 - self.outside_share) / self.verify_steps
+        """The cost model's decode speedup with the work outside the rounds put back."""
+        return model_speedup * (1 - self.outside_share)
 
 
 def loop_costs(traces: list[Trace], greedy: list[Trace]) -> LoopCosts:

@@ -22,6 +22,7 @@ from specasr.decode import Decoded, Origin, PhaseTimer, greedy, runtime_layer
 from specasr.draft import Draft, resolve_draft
 from specasr.loops import loop_for
 from specasr.peers import Peer, load_peer
+from specasr.profiling import pass_costs
 from specasr.reference import ClipReference, align_tokens, check_reference_length, read_reference_file
 from specasr.store import Store, StoreError
 from specasr.targets import DTYPES, Target, load_target
@@ -183,9 +184,7 @@ class Pipeline:
         if not settings.graphs:
             return {}
         target = self.target(settings)
-        start, end = split_windows(clip.audio, target.window_samples, target.cut_samples)[0]
-        memory = target.encode(target.features(target.samples(clip.audio)[start:end]))
-        valid_frames = target.valid_frames(end - start)
+        memory, valid_frames = self._first_window(clip, target)
         loop = loop_for(target, self.draft(settings), settings, self._captured)
         steps = loop.steps(memory)
         with torch.inference_mode():
@@ -195,6 +194,20 @@ class Pipeline:
             steps.load(memory, valid_frames, [])  # no window needs its reference frames to be timed
             drafting, verification = steps.device_seconds(repeats)
             return {"draft": drafting, "verify": verification}
+
+    def pass_costs(self, clip: Clip, settings: Settings, repeats: int = 20) -> tuple[float, float]:
+        """The cost model's v(N) and rho(W) for a speculative decode's tree (profiling.pass_costs), on the clip's first
+        window: its verification and a draft pass over its frontier, each in target steps of one row."""
+        settings = self.resolved(settings)
+        target = self.target(settings)
+        memory, valid_frames = self._first_window(clip, target)
+        draft = self.draft(settings)
+        return pass_costs(target, draft, memory, valid_frames, settings.nodes, settings.tree_width, repeats)
+
+    def _first_window(self, clip: Clip, target: Target) -> tuple[Tensor, int]:
+        start, end = split_windows(clip.audio, target.window_samples, target.cut_samples)[0]
+        memory = target.encode(target.features(target.samples(clip.audio)[start:end]))
+        return memory, target.valid_frames(end - start)
 
     def reference(
         self,

@@ -116,7 +116,7 @@ def clip_columns(results: list[ClipResult]) -> dict[str, np.ndarray]:
         "survivors": np.array(survivors, dtype=float),
         "outcomes": np.array(outcomes, dtype=float).reshape(len(results), 4),
         "rounds": np.array([len(r.trace.rounds) for r in results], dtype=float),
-        "proposed": np.array([sum(len(round.proposed) for round in r.trace.rounds) for r in results], dtype=float),
+        "passes": np.array([r.trace.draft_passes for r in results], dtype=float),
         "draft": np.array([r.trace.draft_seconds for r in results]),
         "verify": np.array([r.trace.verify_seconds for r in results]),
     } | {name: np.array(v, dtype=float) for name, v in timings.items()}

@@ -1,5 +1,6 @@
-"""Where a round's time goes: a target step of one row, a verification pass of K + 1 rows and a draft step, each
-timed on its own and profiled op by op, the ops' own time summed by kind over all layers."""
+"""Where a round's time goes: a target step of one row, a verification pass over a chain's or a tree's nodes and a
+draft step over its frontier, each timed on its own and profiled op by op, the ops' own time summed by kind over all
+layers; and the same passes' costs for the cost model (1 + L) / (v(N) + K rho(W))."""
 
 import statistics
 from collections.abc import Callable
@@ -9,6 +10,7 @@ import pandas as pd
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from specasr import tree
 from specasr.decode import Stopwatch, greedy_tokens
 from specasr.draft import Draft
 from specasr.targets import Target
@@ -62,20 +64,20 @@ def _shares(run: Callable[[], None], repeats: int, shapes: Shapes, device: torch
     return {kind: total / spent for kind, total in totals.items()}
 
 
-@torch.inference_mode()
-def profile_round(
-    target: Target, draft: Draft, memory: torch.Tensor, valid_frames: int, k: int, repeats: int = 50
-) -> pd.DataFrame:
-    """One row per pass, halfway through the clip's greedy transcript: its median time (ms, unprofiled; CUDA events
-    on a GPU), its cost in target steps of one row, and each kind's share of its ops' time."""
+def _passes(
+    target: Target, draft: Draft, memory: torch.Tensor, valid_frames: int, nodes: int, width: int
+) -> dict[str, Callable[[], None]]:
+    """A round's passes, halfway through the clip's greedy transcript, each with what follows it in the loop: a
+    target step of one row and a verification of the root and `nodes` nodes, each with its greedy choice, and a draft
+    step over `width` rows (a tree's frontier; a chain's one) with its top-`width` scoring."""
     tokens = greedy_tokens(target, memory)
     inputs = torch.tensor([[*target.prompt, *tokens[: len(tokens) // 2]]], device=memory.device)
     position = inputs.shape[1] - 1
-    cache = target.new_cache(memory)
+    cache = target.new_cache(memory, target.max_length + nodes + 1)
     hidden = target.forward(inputs[:, :-1], cache, taps=draft.config.taps).hidden
-    draft_cache = draft.new_cache(memory, valid_frames, target.max_length)
+    draft_cache = draft.new_cache(memory, valid_frames, target.max_length + width)
     draft(hidden[:, :-1], inputs[:, 1:-1], draft_cache)
-    step_features = hidden[:, -1:]
+    step_features, step_tokens = hidden[:, -1:].expand(1, width, -1), inputs[:, -1:].expand(1, width)
 
     def target_rows(rows: int) -> Callable[[], None]:
         block = inputs[:, -1:].repeat(1, rows)
@@ -88,15 +90,45 @@ def profile_round(
 
     def draft_step() -> None:
         draft_cache.length = position - 1
-        draft.logits(draft(step_features, inputs[:, -1:], draft_cache).hidden[:, -1])
+        tree.top(draft, draft(step_features, step_tokens, draft_cache).hidden[0], width)
 
-    passes = {"target step (1 row)": target_rows(1), f"verification ({k + 1} rows)": target_rows(k + 1)}
-    passes["draft step"] = draft_step
+    return {
+        "target step (1 row)": target_rows(1),
+        f"verification ({nodes + 1} rows)": target_rows(nodes + 1),
+        f"draft step ({width} row{'s' if width > 1 else ''})": draft_step,
+    }
+
+
+@torch.inference_mode()
+def pass_costs(
+    target: Target, draft: Draft, memory: torch.Tensor, valid_frames: int, nodes: int, width: int, repeats: int = 20
+) -> tuple[float, float]:
+    """The cost model's v(N) and rho(W): a verification of the root and N nodes, and a draft step over W rows, each
+    in target steps of one row (median times, unprofiled)."""
+    passes = _passes(target, draft, memory, valid_frames, nodes, width)
+    for run in passes.values():  # warm-up
+        run()
+    step, verification, draft_step = (_median_ms(run, repeats, memory.device) for run in passes.values())
+    return verification / step, draft_step / step
+
+
+@torch.inference_mode()
+def profile_round(
+    target: Target,
+    draft: Draft,
+    memory: torch.Tensor,
+    valid_frames: int,
+    nodes: int,
+    width: int = 1,
+    repeats: int = 50,
+) -> pd.DataFrame:
+    """One row per pass (`_passes`): its median time (ms, unprofiled; CUDA events on a GPU), its cost in target steps
+    of one row, and each kind's share of its ops' time."""
     device = memory.device
     vocabularies = frozenset({target.vocab_size, len(draft.config.vocab_ids or ()) or target.vocab_size})
     shapes = Shapes(vocabularies, frozenset({memory.shape[1], valid_frames}))
     rows = []
-    for name, run in passes.items():
+    for name, run in _passes(target, draft, memory, valid_frames, nodes, width).items():
         for _ in range(3):  # warm-up
             run()
         rows.append({"pass": name, "ms": _median_ms(run, repeats, device)} | _shares(run, repeats, shapes, device))

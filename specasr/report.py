@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 import pandas as pd
 
-from specasr.experiments import REPEATS, GridRuns, cell_name, draft_label, grid_traces
+from specasr.experiments import REPEATS, GridRuns, cell_name, draft_label, grid_traces, shape_label
 from specasr.intervals import aa_table, pooled_bootstrap, pooled_estimate
 from specasr.metrics import (
     PeakAgreement,
@@ -17,9 +17,9 @@ from specasr.metrics import (
     correction_pays,
     odds_ratio,
     outcome_error,
+    passes_per_round,
     peak_agreement,
     predicted_speed_change,
-    proposals_per_round,
     step_cost,
 )
 from specasr.pooled import (
@@ -68,6 +68,8 @@ class Cell:
     draft: str
     window: str
     k: int
+    tree_width: int  # 1: a chain
+    tree_nodes: int  # verified per round
     threshold: float
     run_id: str | None  # None: not stored (experiments.GridRuns.not_stored)
     clips: int
@@ -92,6 +94,8 @@ def cell(settings: Settings, run_id: str | None, results: list[ClipResult]) -> C
         draft=draft_label(settings.draft),
         window=settings.window,
         k=settings.k,
+        tree_width=settings.tree_width,
+        tree_nodes=settings.nodes,
         threshold=settings.threshold,
         run_id=run_id,
         clips=len(results),
@@ -136,20 +140,32 @@ def _label(settings: Settings, key: str) -> str:
 
 def contrasts(cells: dict[Settings, list[ClipResult]]) -> list[Contrast]:
     """The paper's contrasts among the cells present: windows (Table 2, and the runtime windows of Table 16) at
-    equal draft, K and threshold, and drafts (audio vs no-audio, Tables 1 and 6; AnchorDraft vs control, Table 3)
-    at equal window, K and threshold."""
+    equal draft, K, tree and threshold, drafts (audio vs no-audio, Tables 1 and 6; AnchorDraft vs control, Table 3)
+    at equal window, K, tree and threshold, and each draft tree against the chain of its draft, window and K."""
     found = []
     for a, b, settings_a, settings_b in _partners(_with_audio(cells), WINDOW_CONTRASTS, "window"):
-        fixed = f"{draft_label(settings_b.draft)} {_k_threshold(settings_b)}"
+        fixed = f"{draft_label(settings_b.draft)} {_shape_threshold(settings_b)}"
         found += contrast(f"{b}-{a}", fixed, ("a1", "a2c", "L"), cells[settings_a], cells[settings_b])
     for a, b, settings_a, settings_b in _partners(cells, DRAFT_CONTRASTS, "draft"):
-        fixed = f"{settings_b.window} {_k_threshold(settings_b)}"
+        fixed = f"{settings_b.window} {_shape_threshold(settings_b)}"
         found += contrast(f"{b}-{a}", fixed, list(METRICS), cells[settings_a], cells[settings_b])
+    for chain, tree in _tree_partners(cells):
+        fixed = f"{draft_label(tree.draft)} {tree.window} K={tree.k}"
+        name = f"tree {tree.tree_width}x{tree.nodes}-chain"
+        found += contrast(name, fixed, list(METRICS), cells[chain], cells[tree])
     return found
 
 
-def _k_threshold(settings: Settings) -> str:
-    return f"K={settings.k} threshold={settings.threshold:g}"
+def _tree_partners(cells: dict[Settings, list[ClipResult]]):
+    """(chain, tree) settings of cells that differ only in their draft tree."""
+    for tree in (s for s in cells if s.tree_width > 1):
+        chain = replace(tree, tree_width=1, tree_nodes=tree.k)
+        if chain in cells:
+            yield chain, tree
+
+
+def _shape_threshold(settings: Settings) -> str:
+    return f"{shape_label(settings)} threshold={settings.threshold:g}"
 
 
 def peak_table(peaks: list[Trace], cells: dict[Settings, list[ClipResult]], half_width_ms: float) -> pd.DataFrame:
@@ -211,7 +227,7 @@ def runtime_table(cells: dict[Settings, list[ClipResult]]) -> pd.DataFrame:
     at the runtime layer, every verified token) and the window centre's (every draft step, and at each depth 1..K).
     Gross: dL / (1 + L), the speed change if the round cost stayed the same. Cost: the correction's added seconds per
     round (_correction_cost), in verification passes of the uncorrected loop. The cost rule predicts a gain when
-    dL / (1 + L) > cost / (1 + K rho) (paper eq. 5), K the uncorrected rounds' mean proposals, and the change itself
+    dL / (1 + L) > cost / (1 + K rho) (paper eq. 5), K the uncorrected rounds' mean draft passes, and the change itself
     (eq. 4, predicted_change); net: the measured change in decode and end-to-end speed.
     """
     rows = []
@@ -224,7 +240,7 @@ def runtime_table(cells: dict[Settings, list[ClipResult]]) -> pd.DataFrame:
         delta = differences(("a1", "a2c", "L"), columns)
         cost = pooled_estimate(_correction_cost, *columns)
         measured_rho = pooled_estimate(_rho, *uncorrected)
-        steps = proposals_per_round([r.trace for r in base])
+        steps = passes_per_round([r.trace for r in base])
         net = {
             phase: bootstrap_interval(lambda a, b, phase=phase: a[phase] / b[phase] - 1, columns)
             for phase in ("decode", "total")
@@ -238,6 +254,8 @@ def runtime_table(cells: dict[Settings, list[ClipResult]]) -> pd.DataFrame:
                 "draft": draft_label(settings_b.draft),
                 "window": window,
                 "k": settings_b.k,
+                "tree_width": settings_b.tree_width,
+                "tree_nodes": settings_b.nodes,
                 "threshold": settings_b.threshold,
                 "readout_error_frames": readout,
                 "readout_error_ms": None if readout is None else readout * frame_ms,
@@ -285,27 +303,29 @@ def _median(values: list[float]) -> float | None:
 
 def _correction_cost(base: dict[str, np.ndarray], corrected: dict[str, np.ndarray]) -> np.ndarray:
     """The correction's added seconds per round, in verification passes of the uncorrected loop: the change in
-    verification (with the attention readout) per round, and in draft seconds per proposal (window masks) times the
-    corrected loop's proposals per round. Per-unit times, so that rounds that accept less cost no less."""
+    verification (with the attention readout) per round, and in draft seconds per draft pass (window masks) times the
+    corrected loop's passes per round. Per-unit times, so that rounds that accept less cost no less."""
     verify = base["verify"] / base["rounds"]
     added_verify = corrected["verify"] / corrected["rounds"] - verify
-    added_draft = (corrected["draft"] / corrected["proposed"] - base["draft"] / base["proposed"]) * (
-        corrected["proposed"] / corrected["rounds"]
+    added_draft = (corrected["draft"] / corrected["passes"] - base["draft"] / base["passes"]) * (
+        corrected["passes"] / corrected["rounds"]
     )
     return (added_verify + added_draft) / verify
 
 
 def _rho(sums: dict[str, np.ndarray]) -> np.ndarray:
-    return step_cost(sums["draft"], sums["proposed"], sums["verify"], sums["rounds"])
+    return step_cost(sums["draft"], sums["passes"], sums["verify"], sums["rounds"])
 
 
 def sweep_table(cells: pd.DataFrame) -> pd.DataFrame:
-    """Table 21: speed and acceptance by K and threshold for each draft and window, its fastest setting marked."""
-    sweep = cells[["draft", "window", "k", "threshold", "decode_speedup", "total_speedup", "a1", "a2c"]].copy()
+    """Table 21: speed and acceptance by K, draft tree and threshold for each draft and window, its fastest setting
+    marked."""
+    shape = ["k", "tree_width", "tree_nodes", "threshold"]
+    sweep = cells[["draft", "window", *shape, "decode_speedup", "total_speedup", "a1", "a2c", "L"]].copy()
     sweep["s2"] = [s[2] if len(s) > 2 else None for s in cells.s]
     fastest = cells.groupby(["draft", "window"]).decode_speedup.transform("max")
     sweep["fastest"] = cells.decode_speedup == fastest
-    return sweep.sort_values(["draft", "window", "k", "threshold"]).reset_index(drop=True)
+    return sweep.sort_values(["draft", "window", *shape]).reset_index(drop=True)
 
 
 def aa_check(baseline: list[Trace], second: list[Trace], weights: Weighting | None = None) -> pd.DataFrame:

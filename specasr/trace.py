@@ -270,6 +270,14 @@ class Trace:
         return [step for steps in rounds.values() for step in spine(steps)]
 
     @property
+    def draft_passes(self) -> int:
+        """Draft passes over all rounds: each round's deepest node (a chain's proposals), one pass per depth."""
+        deepest: dict[int, int] = {}
+        for step in self.steps:
+            deepest[step.round] = max(deepest.get(step.round, 0), step.depth)
+        return sum(deepest.values())
+
+    @property
     def draft_seconds(self) -> float:
         return sum(r.draft_seconds for r in self.rounds)
 

@@ -9,9 +9,9 @@ from specasr.metrics import (
     correction_pays,
     loop_costs,
     normalize_text,
+    passes_per_round,
     predicted_round_speedup,
     predicted_speed_change,
-    proposals_per_round,
     rho,
     speedup,
     verify_anchor_error,
@@ -43,8 +43,13 @@ def make_trace(clip_id: str, accepted: list[int], k: int = 3, proposed: list[int
         Round(i, 0, 0, proposed=[7] * p, accepted=a, target_token=7, draft_seconds=0.0, verify_seconds=0.0)
         for i, (a, p) in enumerate(zip(accepted, proposed, strict=True))
     ]
+    chains = [
+        [step(i, d, None, None, d <= a) for d in range(1, p + 1)]
+        for i, (a, p) in enumerate(zip(accepted, proposed, strict=True))
+    ]
+    steps = fields.pop("steps", None) or [s for chain in chains for s in chain]
     tokens = [7] * (sum(1 + a for a in accepted) - 1)  # the last round's end-of-text is not a transcript token
-    return Trace(clip_id, Settings(draft="random", k=k), tokens, "", rounds=rounds, **fields)
+    return Trace(clip_id, Settings(draft="random", k=k), tokens, "", rounds=rounds, steps=steps, **fields)
 
 
 def test_acceptance_pools_rounds_over_traces():
@@ -67,12 +72,12 @@ def test_the_cost_model_prices_the_draft_steps_rounds_took():
     speculative = make_trace("a", [2, 0], k=4, proposed=[2, 1], timings=Timings(decode=0.26))
     for r in speculative.rounds:
         r.draft_seconds, r.verify_seconds = 0.02 * len(r.proposed), 0.1
-    assert proposals_per_round([speculative]) == 1.5
-    model = predicted_round_speedup(L=1.0, k=proposals_per_round([speculative]), rho=rho([speculative]))
+    assert passes_per_round([speculative]) == 1.5
+    model = predicted_round_speedup(L=1.0, k=passes_per_round([speculative]), rho=rho([speculative]))
     assert model == pytest.approx(0.4 / 0.26)
     assert loop_costs([speculative], [greedy]).accounted_speedup(model) == pytest.approx(model)
     with pytest.raises(ValueError, match="no rounds"):
-        proposals_per_round([greedy])
+        passes_per_round([greedy])
 
 
 def test_acceptance_conditional_is_none_after_survival_reaches_zero():
@@ -96,13 +101,16 @@ def test_acceptance_needs_rounds():
         acceptance([])
 
 
-def step(depth: int, peak: int | None, reference: int | None) -> DraftStep:
-    return DraftStep(0, depth, 7, True, draft_peak=peak, window_centre=None, reference_frame=reference)
+def step(round: int, depth: int, peak: int | None, reference: int | None, accepted: bool = True) -> DraftStep:
+    """A chain's proposal at this depth of its round."""
+    parent = depth - 2 if depth > 1 else None
+    return DraftStep(round, depth, 7, accepted, peak, None, reference, node=depth - 1, parent=parent)
 
 
 def test_anchor_error_by_depth_skips_unknown_peaks_and_references():
-    first = make_trace("a", [0], steps=[step(1, 10, 12), step(1, 5, 5), step(2, 20, 10), step(2, None, 3)])
-    second = make_trace("b", [0], steps=[step(1, 0, 4), step(2, 30, 24), step(2, 7, None), step(3, 1, None)])
+    first = make_trace("a", [0], steps=[step(0, 1, 10, 12), step(0, 2, 20, 10), step(1, 1, 5, 5), step(1, 2, None, 3)])
+    second = [step(0, 1, 0, 4), step(0, 2, 30, 24), step(0, 3, 1, None), step(1, 1, None, None), step(1, 2, 7, None)]
+    second = make_trace("b", [0], steps=second)
     table = anchor_error_by_depth([first, second])
     assert list(table.columns) == ["depth", "n", "median", "mean", "p90"]
     assert table["depth"].tolist() == [1, 2]  # depth 3 has no reference frame
@@ -122,7 +130,7 @@ def test_verify_anchor_error_uses_the_chosen_layer_and_skips_missing_references(
         verify_anchor_error([trace], [[None, None, None]], layer=0)
 
 
-def test_loop_costs_put_the_verification_price_and_the_outside_work_back_into_the_cost_model():
+def test_loop_costs_put_the_outside_work_back_into_the_cost_model():
     # Greedy: 6 tokens in 0.6 s (0.1 s a step). Speculative: 2 rounds of 4 proposals (0.02 s a draft step) and a
     # 0.07 s pass each, in 0.5 s of decode phase: 0.2 s outside draft steps and passes.
     greedy = Trace("a", Settings(), [7] * 6, "", timings=Timings(decode=0.6))
@@ -132,8 +140,9 @@ def test_loop_costs_put_the_verification_price_and_the_outside_work_back_into_th
     costs = loop_costs([speculative], [greedy])
     assert costs.verify_steps == pytest.approx(0.7)
     assert costs.outside_share == pytest.approx(0.4)
-    model = predicted_round_speedup(L=2.5, k=4, rho=rho([speculative]))
-    # With every round proposing K, the accounting is exact: 1 + L tokens a round at the greedy step's price.
+    model = predicted_round_speedup(L=2.5, k=4, rho=0.02 / 0.1, verification=costs.verify_steps)
+    # Priced in greedy steps as the loop ran them, with every round drafting K, the accounting is exact: 1 + L tokens a
+    # round at the greedy step's price.
     assert costs.accounted_speedup(model) == pytest.approx((1 + 2.5) * 0.1 * 2 / 0.5)
     with pytest.raises(ValueError, match="account"):
         loop_costs([speculative], [])
@@ -166,6 +175,7 @@ def test_cost_rule_and_predicted_speedup():
     assert not correction_pays(delta_L=0.1, L=1.8, delta_cost=0.05, k=3, rho=0.1)  # 0.0357 < 0.0385
     assert predicted_round_speedup(L=1.8, k=3, rho=0.1) == pytest.approx(2.8 / 1.3)
     assert predicted_round_speedup(L=0.0, k=3, rho=0.0) == 1.0
+    assert predicted_round_speedup(L=2.0, k=4, rho=0.2, verification=1.5) == pytest.approx(3 / 2.3)  # a tree
 
 
 def test_predicted_speed_change_of_a_correction():

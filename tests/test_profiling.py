@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from specasr.draft import random_draft
-from specasr.profiling import KINDS, Shapes, op_kind, profile_round
+from specasr.profiling import KINDS, Shapes, op_kind, pass_costs, profile_round
 from tests.conftest import random_whisper_target
 
 SHAPES = Shapes(vocabularies=frozenset({51864, 4096}), frames=frozenset({1500, 170}))
@@ -31,8 +31,17 @@ def test_op_kinds_follow_the_input_sizes(name, input_shapes, kind):
 def test_profile_of_a_round_on_a_random_target():
     target = random_whisper_target(seed=0, layers=2, heads=3, vocab_size=50, max_length=40, init_std=0.5)
     memory = torch.randn(1, 40, target.d_model, generator=torch.Generator().manual_seed(0))
-    table = profile_round(target, random_draft(target), memory, valid_frames=30, k=4, repeats=3)
-    assert table["pass"].tolist() == ["target step (1 row)", "verification (5 rows)", "draft step"]
+    table = profile_round(target, random_draft(target), memory, valid_frames=30, nodes=4, repeats=3)
+    assert table["pass"].tolist() == ["target step (1 row)", "verification (5 rows)", "draft step (1 row)"]
     assert table.target_steps.iloc[0] == 1 and (table.ms > 0).all()
     assert table[list(KINDS)].sum(axis=1).tolist() == pytest.approx([1, 1, 1])
     assert (table[["cross-attention", "linear", "lm head"]] > 0).all().all()
+
+
+def test_pass_costs_of_a_tree_are_its_passes_in_target_steps():
+    target = random_whisper_target(seed=0, layers=2, heads=3, vocab_size=50, max_length=40, init_std=0.5)
+    memory = torch.randn(1, 40, target.d_model, generator=torch.Generator().manual_seed(0))
+    table = profile_round(target, random_draft(target), memory, valid_frames=30, nodes=12, width=3, repeats=3)
+    assert table["pass"].tolist() == ["target step (1 row)", "verification (13 rows)", "draft step (3 rows)"]
+    verification, draft_step = pass_costs(target, random_draft(target), memory, 30, nodes=12, width=3, repeats=3)
+    assert verification > 0 and draft_step > 0

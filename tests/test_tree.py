@@ -1,16 +1,19 @@
 """Draft trees: width 1 is today's chain row for row, and the tree's pieces keep what the loop relies on."""
 
+import itertools
 import json
+import math
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
 
-from specasr.decode import greedy_tokens
+from specasr import tree
+from specasr.decode import LoopOptions, Origin, _SpeculativeLoop, greedy_tokens
 from specasr.draft import random_draft
 from specasr.targets.head import VocabularyHead
-from specasr.trace import Settings
+from specasr.trace import DraftStep, Settings, spine
 from specasr.windows import WINDOWS
 from tests.conftest import random_prefix_target, random_whisper_target, run_loop
 
@@ -88,3 +91,115 @@ def test_tree_width_one_is_the_chain_row_for_row(recorded):
     assert [(s.node, s.parent) for s in result.steps] == [
         (s.depth - 1, s.depth - 2 if s.depth > 1 else None) for s in result.steps
     ]
+
+
+def candidates(parents: list[int], probabilities: list[float]) -> tree.Candidates:
+    """Hand-built candidates (parents before children); tokens 10, 11, ... in drafted order."""
+    depths = []
+    for parent in parents:
+        depths.append(1 if parent < 0 else depths[parent] + 1)
+    scores = [0.0] * len(parents)
+    for i, (parent, p) in enumerate(zip(parents, probabilities, strict=True)):
+        scores[i] = (0.0 if parent < 0 else scores[parent]) + math.log(p)
+    as_tensor = torch.tensor
+    return tree.Candidates(
+        tokens=torch.arange(10, 10 + len(parents)),
+        parents=as_tensor(parents),
+        depths=as_tensor(depths),
+        probabilities=as_tensor(probabilities),
+        scores=as_tensor(scores, dtype=torch.float32),
+        sources=torch.zeros(len(parents), dtype=torch.long),
+    )
+
+
+def test_the_chosen_nodes_hold_every_parent_even_at_probability_one():
+    # Two roots' children, then children of probability 1: a child's path is exactly as probable as its parent's.
+    found = candidates([-1, -1, 0, 0, 1, 2, 2, 4], [0.5, 0.5, 1.0, 0.25, 1.0, 1.0, 0.5, 1.0])
+    for nodes in range(1, 9):
+        chosen = tree.choose(found, nodes).tolist()
+        assert chosen == sorted(chosen) and len(chosen) == nodes
+        assert all(found.parents[i] < 0 or found.parents[i] in chosen for i in chosen)
+    assert tree.choose(found, 4).tolist() == [0, 1, 2, 4]  # 0.5 each; the stable sort keeps drafted order
+
+
+def test_acceptance_keeps_the_longest_path_the_target_agrees_with():
+    # Root children 10, 11; 12 below 10, 13 below 11; 14 below 12.
+    found = candidates([-1, -1, 0, 1, 2], [0.6, 0.4, 0.9, 0.9, 0.9])
+    block = tree.block(found, torch.arange(5), depth=3)
+    assert block.parents.tolist() == [0, 0, 0, 1, 2, 3]
+    assert block.sees[5].tolist() == [True, True, False, True, False, True]  # root, 10, 12, 14
+    eot = 99
+    # The target chooses 11 after the root, 13 after 11, then 7: the path root-11-13 and the correction 7.
+    choices = torch.tensor([11, 0, 7, 0, 13, 0])
+    choices[2] = 13  # after 11 (row 2)
+    choices[4] = 7  # after 13 (row 4)
+    accepted, path = tree.accept(block, choices, eot, limit=3, depth=3)
+    assert accepted.tolist() == [2] and path.tolist() == [0, 2, 4, 0]
+    accepted, _ = tree.accept(block, choices, eot, limit=1, depth=3)  # the length limit stops it at depth 1
+    assert accepted.tolist() == [1]
+    choices = torch.tensor([10, 12, 0, 14, 0, 5])  # root-10-12-14, all agreed
+    assert tree.accept(block, choices, eot, limit=3, depth=3)[0].tolist() == [3]
+    ended = candidates([-1, -1, 0, 1, 2], [0.6, 0.4, 0.9, 0.9, 0.9])
+    ended.tokens[0] = eot  # nothing below an accepted end-of-text counts
+    block = tree.block(ended, torch.arange(5), depth=3)
+    choices = torch.tensor([eot, 12, 0, 14, 0, 5])
+    assert tree.accept(block, choices, eot, limit=3, depth=3)[0].tolist() == [1]
+
+
+def test_a_rounds_spine_is_its_accepted_path_then_the_drafts_likeliest_child():
+    def node(n, parent, depth, accepted, p):
+        return DraftStep(0, depth, n, accepted, None, None, None, node=n, parent=parent, probability=p)
+
+    steps = [node(0, None, 1, True, 0.5), node(1, None, 1, False, 0.4), node(2, 0, 2, False, 0.3)]
+    steps += [node(3, 0, 2, False, 0.6), node(4, 1, 2, False, 0.9), node(5, 3, 3, False, 0.2)]
+    assert [s.node for s in spine(steps)] == [0, 3, 5]
+    chain = [node(d - 1, d - 2 if d > 1 else None, d, d == 1, None) for d in (1, 2, 3)]
+    assert spine(chain) == chain
+
+
+@pytest.mark.parametrize("captured", [False, True])
+@pytest.mark.parametrize(("family", "seed"), [("whisper", 0), ("qwen3_asr", 5)])
+def test_tree_rounds_record_their_nodes_and_keep_the_accepted_path(family, seed, captured):
+    """Every node's parent is one depth up in its round; the accepted nodes are one path whose tokens, then the
+    target's own, are what the round added to the transcript."""
+    if family == "whisper":
+        target = random_whisper_target(seed, layers=2, heads=2, vocab_size=8, max_length=40, init_std=0.3)
+    else:
+        target = random_prefix_target(family, seed, 2, 2, 8, 40, 0.3)
+    memory = torch.randn(1, 40, target.d_model, generator=torch.Generator().manual_seed(seed))
+    common = Counter(greedy_tokens(target, memory)).most_common(1)[0][0]
+    draft = random_draft(target, seed=seed + 1)
+    with torch.no_grad():  # a draft that mostly proposes the commonest token, with second choices
+        draft.out_norm.weight.mul_(0.2)
+        draft.out_norm.bias.copy_(3 * draft._frozen["lm_head"].weight[common])
+    settings = Settings(draft="random", k=4, tree_width=3, tree_nodes=9)
+    result = run_loop(target, draft, memory, 40, settings, captured=captured)
+    assert result.tokens == greedy_tokens(target, memory)
+    transcript = [*result.tokens, target.eot]
+    assert max(r.accepted for r in result.rounds) >= 2 and min(r.accepted for r in result.rounds) == 0
+    for r in result.rounds:
+        nodes = [s for s in result.steps if s.round == r.index]
+        assert [s.node for s in nodes] == list(range(len(nodes))) and len(nodes) <= 9
+        assert all(s.parent is None or nodes[s.parent].depth == s.depth - 1 for s in nodes)
+        path = [s for s in nodes if s.accepted]
+        assert [s.depth for s in path] == list(range(1, r.accepted + 1))
+        assert all(b.parent == a.node for a, b in itertools.pairwise(path))
+        added = transcript[r.start : r.start + r.accepted + 1]
+        assert [s.token for s in path] + [r.target_token] == added
+        assert all(0 < s.probability <= 1 for s in nodes)
+
+
+def test_a_tree_decode_leaves_the_targets_cache_as_a_teacher_forced_pass_does():
+    target = random_whisper_target(seed=2, layers=2, heads=2, vocab_size=8, max_length=40, init_std=0.005)
+    memory = torch.randn(1, 40, target.d_model, generator=torch.Generator().manual_seed(2))
+    draft = random_draft(target, seed=3)
+    settings = Settings(draft="random", k=4, tree_width=3, tree_nodes=9, verify_peaks=False)
+    loop = _SpeculativeLoop(target, draft, memory, 40, LoopOptions.of(settings, target), None, Origin())
+    with torch.inference_mode():
+        tokens = loop.run().tokens
+        cache = target.new_cache(memory, target.max_length)
+        target.forward(torch.tensor([[*target.prompt, *tokens]]), cache)
+    kept = loop.target_cache.length  # the prompt and every transcript token but the last, which no pass has read
+    assert kept == len(target.prompt) + len(tokens) - 1
+    assert torch.allclose(loop.target_cache.self_keys[..., :kept, :], cache.self_keys[..., :kept, :], atol=1e-5)
+    assert torch.allclose(loop.target_cache.self_values[..., :kept, :], cache.self_values[..., :kept, :], atol=1e-5)

@@ -2,6 +2,7 @@
 written to --out) before the runs are stored."""
 
 import argparse
+import itertools
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -17,10 +18,11 @@ from specasr.cli.options import (
     number,
     out_file,
     settings,
+    trees,
 )
 from specasr.cli.output import Report, RunStore, json_value, records
 from specasr.dataset import DEFAULT_SPEECH_DIR, load_manifest, spread
-from specasr.experiments import REPEATS
+from specasr.experiments import REPEATS, shape_label
 from specasr.intervals import aa_warning
 from specasr.peers import TARGET_LAYERS
 from specasr.pipeline import Pipeline
@@ -72,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         report.print(table.to_string(index=False, float_format="%.4f"))
         report.print(
-            f"\n{args.target}, K={','.join(map(str, args.k))}, window={args.window}, {args.device} {args.dtype} "
+            f"\n{args.target}, K={','.join(map(str, args.k))}, {_shapes(args)}, window={args.window}, "
+            f"{args.device} {args.dtype} "
             f"(drafts {args.draft_dtype or args.dtype}), {args.repeats} repeats; baseline: {table.baseline.iloc[0]}, "
             "the fastest greedy loop of ours"
         )
@@ -87,15 +90,22 @@ def run(args: argparse.Namespace) -> int:
     return max(int(report.failed), kept.finish())
 
 
+def _shapes(args: argparse.Namespace) -> str:
+    return "; ".join("chain" if w == 1 else f"tree of width {w}, {n or f'K x {w}'} nodes" for w, n in trees(args))
+
+
 def _arms(args: argparse.Namespace, pipeline: Pipeline) -> dict[str, Settings]:
     """Our greedy loop (eager beside it where the device replays captured steps), the peers, and every draft at every
-    K."""
+    K and tree."""
     arms = {"greedy": settings(args)}
     if pipeline.resolved(arms["greedy"]).graphs:
         arms["greedy eager"] = replace(arms["greedy"], graphs=False)
     for peer in args.peers:
         assistant = args.assistant if peer == "transformers-assisted" else None
         arms[peer] = replace(arms["greedy"], decoder=peer, assistant=assistant)
+    shapes = trees(args)
     for name in drafts(args):
-        arms |= {name if len(args.k) == 1 else f"{name} K={k}": settings(args, name, k=k) for k in args.k}
+        for k, (width, nodes) in itertools.product(args.k, shapes):
+            arm = settings(args, name, k=k, tree_width=width, tree_nodes=nodes)
+            arms[name if len(args.k) == len(shapes) == 1 else f"{name} {shape_label(arm)}"] = arm
     return arms

@@ -12,6 +12,7 @@ from specasr.cli.options import (
     add_data_options,
     add_draft_options,
     add_store_options,
+    add_tree_options,
     add_window_options,
     drafts,
     evaluation_clips,
@@ -31,6 +32,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     add_clip_options(p)
     add_draft_options(p, several=True)
     p.add_argument("--k", type=number(int, 1), default=4, help="depths followed from each round start")
+    add_tree_options(p)
     p.add_argument(
         "--window", type=listed(str, WINDOWS), default=("unrestricted", "correct", "shift"), help=", ".join(WINDOWS)
     )
@@ -59,12 +61,15 @@ def run(args: argparse.Namespace) -> None:
         record |= {name: records(table) for name, table in vars(found).items() if isinstance(table, pd.DataFrame)}
         print(json.dumps(record, default=json_value))
         return
-    print(f"{args.target} on {len(clips)} clips of {args.data}, K={args.k}\nprotocol: {found.protocol}\n{aggregation}")
+    tree = f"tree width {cells[0].tree_width} (1: a chain), {cells[0].nodes} nodes verified per round"
+    print(f"{args.target} on {len(clips)} clips of {args.data}, K={args.k}, {tree}")
+    print(f"protocol: {found.protocol}\n{aggregation}")
     for title, table, number_format in (
         ("Each condition", found.summary, "%.3f"),
         ("Drift by depth (Table 12): anchor error in frames, survival, conditional acceptance", found.depths, "%.3f"),
         ("Paired contrasts, b-a, same rounds", found.contrasts, "%+.3f"),
         ("Anchor error by outcome and depth, frames; odds of an error over 200 ms (Table 12)", found.outcomes, "%.3f"),
+        ("Restart acceptance with m candidates: a1(m); gain = a1(m) - a1(1), same rounds", found.restarts, "%.3f"),
     ):
         if len(table):
             print(f"\n{title}\n{table.to_string(index=False, float_format=number_format)}")

@@ -3,20 +3,24 @@
 import argparse
 import json
 
-from specasr.cli.options import add_clip_options, add_draft_options, clip, number, settings
+from specasr.cli.options import add_clip_options, add_draft_options, add_tree_options, clip, number, settings
 from specasr.cli.output import records
 from specasr.pipeline import Pipeline
 from specasr.profiling import profile_round
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    p = commands.add_parser("profile", help="where a round's time goes: target step, verification and draft step")
+    p = commands.add_parser(
+        "profile",
+        help="where a round's time goes: a target step, a verification and a draft step (a chain's or a tree's)",
+    )
     p.add_argument("audio")
     p.add_argument("--repeats", type=number(int, 1), default=50)
     p.add_argument("--json", action="store_true", help="print the table as a JSON list of rows")
     add_clip_options(p)
     add_draft_options(p)  # a round's passes, timed without a window: no window options
-    p.add_argument("--k", type=number(int, 1), default=4, help="draft proposals per profiled round")
+    p.add_argument("--k", type=number(int, 1), default=4, help="draft proposals per profiled round (a tree's depth)")
+    add_tree_options(p)
     p.set_defaults(run=run)
 
 
@@ -25,7 +29,8 @@ def run(args: argparse.Namespace) -> None:
     target, draft = pipeline.target(asked), pipeline.draft(asked)
     audio = profiled.audio[: target.window_samples]
     memory = target.encode(target.features(audio))
-    table = profile_round(target, draft, memory, target.valid_frames(len(audio)), asked.k, args.repeats)
+    valid_frames = target.valid_frames(len(audio))
+    table = profile_round(target, draft, memory, valid_frames, asked.nodes, asked.tree_width, args.repeats)
     if args.json:
         print(json.dumps(records(table)))
         return
