@@ -17,18 +17,9 @@ import torch
 from torch import Tensor
 
 from specasr import tree
-from specasr.decode import (
-    Decoded,
-    LoopOptions,
-    Origin,
-    Outcome,
-    RoundRecord,
-    SegmentRows,
-    Stopwatch,
-    node_limit,
-    verification_peaks,
-)
+from specasr.decode import LoopOptions, Stopwatch, node_limit, verification_peaks
 from specasr.draft import Draft, DraftOutput
+from specasr.records import Decoded, Origin, Outcome, RoundRecord, SegmentRows
 from specasr.targets import Target
 from specasr.targets.base import DecoderOutput, audio_peaks
 from specasr.trace import Round

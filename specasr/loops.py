@@ -7,8 +7,9 @@ from typing import Protocol
 from torch import Tensor
 
 from specasr import graphs
-from specasr.decode import Decoded, HostGreedy, HostSpeculative, LoopOptions, Origin
+from specasr.decode import HostGreedy, HostSpeculative, LoopOptions
 from specasr.draft import Draft
+from specasr.records import Decoded, Origin
 from specasr.targets import Target
 from specasr.trace import Round, Settings
 

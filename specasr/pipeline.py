@@ -18,11 +18,12 @@ from torch import Tensor
 from specasr import graphs
 from specasr.align import Aligner, AlignmentError, get_aligner
 from specasr.audio import SAMPLE_RATE, AudioTooLongError, Clip, split_windows
-from specasr.decode import Decoded, Origin, PhaseTimer, greedy, runtime_layer
+from specasr.decode import PhaseTimer, greedy, runtime_layer
 from specasr.draft import Draft, resolve_draft
 from specasr.loops import loop_for
 from specasr.peers import Peer, load_peer
 from specasr.profiling import pass_costs
+from specasr.records import Decoded, Origin
 from specasr.reference import ClipReference, align_tokens, check_reference_length, read_reference_file
 from specasr.store import Store, StoreError
 from specasr.targets import DTYPES, Target, load_target

@@ -2,6 +2,8 @@
 under masks. On a CPU they run eagerly and must equal the loops run from the host, wait for the host nowhere and
 serve segment after segment; where CUDA exists, the graphs' replays must equal the eager loops."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -114,14 +116,18 @@ class HostWaits(TorchDispatchMode):
 
 @pytest.mark.parametrize("family", ["whisper", "qwen3_asr", "voxtral"])
 @pytest.mark.parametrize("window", WINDOWS)
-def test_captured_steps_never_wait_for_the_host(family, window):
+@pytest.mark.parametrize("tree", [(1, None), (3, 7)])
+def test_captured_steps_never_wait_for_the_host(family, window, tree):
     if family == "whisper":
         target = random_whisper_target(seed=1, layers=2, heads=2, vocab_size=12, max_length=30, init_std=0.5)
     else:
         target = random_prefix_target(family, seed=1, layers=2, heads=2, vocab_size=12, max_length=30, init_std=0.5)
     memory = torch.randn(1, 40, target.d_model, generator=torch.Generator().manual_seed(1))
     draft = random_draft(target, seed=2)
-    settings = Settings(draft="random", k=3, window=window, threshold=0.3, runtime_layer=1)
+    width, nodes = tree
+    threshold = 0.3 if width == 1 else 0.0
+    settings = Settings(draft="random", k=3, window=window, threshold=threshold, runtime_layer=1, tree_width=width)
+    settings = replace(settings, tree_nodes=nodes)
     with torch.inference_mode():
         rounds = graphs.CapturedSpeculative(target, draft, LoopOptions.of(settings, target)).steps(memory)
         rounds.load(memory, 30, [5] * 40)
@@ -160,11 +166,15 @@ def test_device_seconds_replay_from_a_restored_state():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+@pytest.mark.parametrize("tree", [(1, None), (3, 9)])
 @pytest.mark.parametrize("window", WINDOWS)
-def test_graph_replays_equal_the_eager_loops(window):
+def test_graph_replays_equal_the_eager_loops(window, tree):
     target, draft, memory = _target_and_draft("cuda")
     always_propose(draft, token=7)
-    settings = Settings(draft="random", k=4, window=window, threshold=0.2)
+    width, nodes = tree
+    settings = Settings(
+        draft="random", k=4, window=window, threshold=0.2 if width == 1 else 0.0, tree_width=width, tree_nodes=nodes
+    )
     reference = [min(3 * i, 29) for i in range(40)]
     captured = {}
     for valid_frames in (30, 21):  # the second replays the first's capture

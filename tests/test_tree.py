@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from specasr import tree
-from specasr.decode import LoopOptions, Origin, _SpeculativeLoop, greedy_tokens
+from specasr.decode import LoopOptions, _SpeculativeLoop, greedy_tokens
 from specasr.draft import random_draft
+from specasr.records import Origin
 from specasr.targets.head import VocabularyHead
 from specasr.trace import DraftStep, Settings, spine
 from specasr.windows import WINDOWS

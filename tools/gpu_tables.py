@@ -1,6 +1,7 @@
 """Markdown tables from `python -m specasr bench --json` records, one record per line (tools/gpu_job.sh): per target
-every arm's milliseconds per token, its speedups over the baseline (the fastest greedy loop of ours), acceptance,
-the host's share of a captured step and agreement with float32 greedy; for one-clip benches, the phase split.
+every arm's milliseconds per token, its speedups over the baseline (the fastest greedy loop of ours) with their
+intervals, acceptance, the cost model's speedup, the host's share of a captured step and agreement with float32
+greedy; for one-clip benches, the phase split.
 
     python tools/gpu_tables.py BENCH.json [...]
 """
@@ -16,16 +17,19 @@ def number(value, digits: int = 2, suffix: str = "") -> str:
 
 def arms_table(record: dict) -> list[str]:
     lines = [
-        "| arm | ms/token | decode vs baseline | end to end | L | device ms / wall ms a step | host share "
-        "| same tokens as baseline | fp32 token agreement |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| arm | ms/token | decode vs baseline | end to end | L | cost model (accounted) | device ms / wall ms a step "
+        "| host share | same tokens as baseline | fp32 token agreement |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in record["summary"]:
         name = f"**{row['arm']}** (baseline)" if row["baseline"] else row["arm"]
         steps = f"{number(row.get('device_ms'))} / {number(row.get('wall_ms'))}" if row.get("device_ms") else "-"
+        interval = f"[{number(row['decode_speedup_low'])}, {number(row['decode_speedup_high'])}]"
+        model = f"{number(row.get('cost_model_speedup'))}x ({number(row.get('accounted_speedup'))}x)"
         lines.append(
-            f"| {name} | {number(row['ms_per_token'], 3)} | {number(row['decode_speedup_pooled'])}x "
-            f"| {number(row['total_speedup_pooled'])}x | {number(row.get('L'))} | {steps} "
+            f"| {name} | {number(row['ms_per_token'], 3)} | {number(row['decode_speedup_pooled'])}x {interval} "
+            f"| {number(row['total_speedup_pooled'])}x | {number(row.get('L'))} "
+            f"| {model if row.get('cost_model_speedup') else '-'} | {steps} "
             f"| {number(100 * row['host_share'] if row.get('host_share') is not None else None, 0, '%')} "
             f"| {row['same_tokens_clips']}/{row['clips']} | {number(row.get('float32_token_agreement'), 3)} |"
         )
