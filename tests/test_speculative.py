@@ -100,7 +100,9 @@ def test_speculative_equals_greedy_on_random_models(
     assert [v.token for v in verified] == tokens
     readout = [v.verify_peaks[runtime_layer] for v in verified] if window in RUNTIME_WINDOWS else []
     assert result.runtime_peaks == readout
-    assert all(target.eot not in r.proposed[: r.accepted][:-1] for r in rounds)  # nothing accepted after the end
+    paths = [[s.token for s in steps if s.round == r.index and s.accepted] for r in rounds]
+    assert [len(path) for path in paths] == [r.accepted for r in rounds]
+    assert all(target.eot not in path[:-1] for path in paths)  # nothing accepted after the end
     assert len(steps) == sum(len(r.proposed) for r in rounds)
 
 
