@@ -19,7 +19,7 @@ from specasr.draft import DraftMismatchError, shipped_drafts
 from specasr.pipeline import Pipeline
 from specasr.store import Store, StoreError
 from specasr.targets import BUILTIN_TARGETS, DTYPES, TargetUnavailableError
-from specasr.trace import Round, Settings, Trace
+from specasr.trace import MOST_TREE_WIDTH, Round, Settings, SettingsError, Trace, candidate_count, default_nodes
 from specasr.tts import synthesize_espeak
 from specasr.windows import REFERENCE_WINDOWS, WINDOWS
 
@@ -55,14 +55,20 @@ def devices() -> list[str]:
 
 # Sidebar settings kept in the page's address, so that a link reopens the same view: query parameter -> its type.
 SIDEBAR_KEYS = ("target", "target_folder", "device", "dtype", "draft", "draft_dtype", "k", "window", "half_width")
-SIDEBAR_KEYS += ("runtime_layer", "threshold")
+SIDEBAR_KEYS += ("runtime_layer", "threshold", "tree_width", "tree_nodes")
 URL_SETTINGS = {"target": str, "device": str, "dtype": str, "draft": str, "window": str, "k": int, "threshold": float}
+URL_SETTINGS |= {"tree_width": int, "tree_nodes": int}
+MOST_K = 16
+MOST_TREE_NODES = candidate_count(MOST_K, MOST_TREE_WIDTH)
+LEFT_TO_THE_DECODE = {"runtime_layer": -1, "tree_nodes": 0}  # a number widget's value for a setting's None
 
 
 def adopt_settings(settings: Settings) -> None:
     """Set the sidebar to a decode's settings (before the sidebar is drawn): the view then shows what it ran with."""
     values = {name: getattr(settings, name) for name in URL_SETTINGS}
     values |= {"half_width": settings.half_width_ms, "runtime_layer": settings.runtime_layer}
+    if settings.tree_width == 1:  # a chain's node count is K, which the sidebar's 0 says
+        values["tree_nodes"] = None
     values["draft_dtype"] = AS_TARGET if settings.draft_dtype in (None, settings.dtype) else settings.draft_dtype
     if settings.draft is None:  # a greedy run says nothing about the sidebar's draft settings
         values = {name: values[name] for name in ("target", "device", "dtype")}
@@ -82,10 +88,11 @@ def _set_sidebar(values: dict) -> None:
         "draft_dtype": [AS_TARGET, *DTYPES],
         "window": list(WINDOWS),
     }
-    ranges = {"k": (1, 16), "threshold": (0.0, 0.95), "half_width": (20.0, 5000.0), "runtime_layer": (-1, 63)}
+    ranges = {"k": (1, MOST_K), "threshold": (0.0, 0.95), "half_width": (20.0, 5000.0), "runtime_layer": (-1, 63)}
+    ranges |= {"tree_width": (1, MOST_TREE_WIDTH), "tree_nodes": (0, MOST_TREE_NODES)}
     for key, value in values.items():
-        if key == "runtime_layer" and value is None:
-            value = -1
+        if value is None:
+            value = LEFT_TO_THE_DECODE.get(key)
         if key in allowed:
             fits = value in allowed[key]
         else:
@@ -113,9 +120,16 @@ def changed_settings(decoded: Settings, current: Settings) -> list[str]:
     """The sidebar settings that differ from those a shown result was decoded with."""
     shown = ["target", "device", "dtype"]
     if decoded.draft is not None:
-        shown += ["draft", "draft_dtype", "k", "window", "half_width_ms", "threshold"]
-    resolved = replace(decoded, draft_dtype=None if decoded.draft_dtype == decoded.dtype else decoded.draft_dtype)
+        shown += ["draft", "draft_dtype", "k", "tree_width", "tree_nodes", "window", "half_width_ms", "threshold"]
+    draft_dtype = None if decoded.draft_dtype == decoded.dtype else decoded.draft_dtype
+    resolved, current = resolved_tree(replace(decoded, draft_dtype=draft_dtype)), resolved_tree(current)
     return [name for name in shown if getattr(resolved, name) != getattr(current, name)]
+
+
+def resolved_tree(settings: Settings) -> Settings:
+    """The settings with a tree's node count as a number (K x width left to the decode is the same tree) and a
+    chain's as None (its K says it)."""
+    return replace(settings, tree_nodes=settings.nodes if settings.tree_width > 1 else None)
 
 
 def select(container, label: str, options: list, key: str, default=None, **kwargs):
@@ -147,26 +161,64 @@ def settings_sidebar(windows: bool = True) -> Settings:
     dtype = select(bar, "Target dtype", list(DTYPES), key="dtype")
     draft = select(bar, "Draft", [*shipped_drafts(target), "random", "random-no-audio"], key="draft")
     draft_dtype = select(bar, "Draft dtype", [AS_TARGET, *DTYPES], key="draft_dtype", help="float16 is faster on CPU")
-    k = bar.slider("K (most proposals per round)", 1, 16, 4, key="k")
+    k = bar.slider("K (most proposals per round)", 1, MOST_K, 4, key="k")
+    width, nodes = tree_controls(bar, k)
     window = select(bar, "Draft attention window", list(WINDOWS), key="window") if windows else "unrestricted"
     half_width = bar.number_input("Window half-width (ms)", 20.0, 5000.0, 400.0, step=20.0, key="half_width")
     layer = bar.number_input("Runtime layer (-1: the target's)", -1, 63, -1, key="runtime_layer")
     threshold = bar.slider("Confidence threshold", 0.0, 0.95, 0.0, step=0.05, key="threshold")
-    settings = Settings(
-        target=target,
-        device=device,
-        dtype=dtype,
-        draft=draft,
-        draft_dtype=None if draft_dtype == AS_TARGET else draft_dtype,
-        k=k,
-        window=window,
-        half_width_ms=half_width,
-        runtime_layer=None if layer < 0 else int(layer),
-        threshold=threshold,
-    )
-    st.query_params.update({key: str(getattr(settings, key)) for key in URL_SETTINGS})
     st.session_state["sidebar"] = {key: st.session_state[key] for key in SIDEBAR_KEYS if key in st.session_state}
+    try:
+        settings = Settings(
+            target=target,
+            device=device,
+            dtype=dtype,
+            draft=draft,
+            draft_dtype=None if draft_dtype == AS_TARGET else draft_dtype,
+            k=k,
+            window=window,
+            half_width_ms=half_width,
+            runtime_layer=None if layer < 0 else int(layer),
+            threshold=threshold,
+            tree_width=width,
+            tree_nodes=nodes,
+        )
+    except SettingsError as error:  # a combination the sidebar allows but a decode does not: say why, draw no more
+        st.error(f"These settings cannot be decoded: {error}. Change them in the sidebar.")
+        st.stop()
+    for key in URL_SETTINGS:
+        value = getattr(settings, key)
+        if value is None:
+            st.query_params.pop(key, None)
+        else:
+            st.query_params[key] = str(value)
     return settings
+
+
+def tree_controls(bar, k: int) -> tuple[int, int | None]:
+    """The draft tree's width and the nodes verified per round (None: K x width); a chain's node count is K."""
+    width = bar.slider(
+        "Tree width (1: a chain)",
+        1,
+        MOST_TREE_WIDTH,
+        1,
+        key="tree_width",
+        help="children drafted below each frontier node",
+    )
+    nodes = bar.number_input(
+        "Tree nodes per round (0: K x width)",
+        0,
+        MOST_TREE_NODES,
+        0,
+        key="tree_nodes",
+        disabled=width == 1,
+        help="nodes verified per round: the draft's most probable of its tree; a chain verifies its K proposals",
+    )
+    if width == 1:
+        return width, None
+    verified = nodes or default_nodes(k, width)
+    bar.caption(f"A tree of depth {k} and width {width} drafts {candidate_count(k, width)} nodes; {verified} verified.")
+    return width, nodes or None
 
 
 def example_clip() -> Clip:

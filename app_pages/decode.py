@@ -12,7 +12,7 @@ from specasr.audio import SAMPLE_RATE
 from specasr.bench import aa_check, benchmark, store_results, summary
 from specasr.intervals import aa_warning
 from specasr.metrics import acceptance, word_error_rate
-from specasr.views import attention_heatmap, drift_figure, round_table, token_rows
+from specasr.views import attention_heatmap, drift_figure, round_table, token_rows, tree_figure
 
 st.title("Live decode")
 requested = st.query_params.get("run"), st.query_params.get("clip")  # a stored run, and one of its clips
@@ -93,9 +93,11 @@ if changed := widgets.changed_settings(result["trace"].settings, settings):
 trace = result["trace"]
 pieces = widgets.token_pieces(trace)
 run_note = f"stored as run {result['run']}" if result["run"] else "not stored"
+tree = f", a tree of width {trace.settings.tree_width} verifying {trace.settings.nodes} nodes per round"
 st.caption(
     f"{trace.clip_id}: {trace.settings.target} on {trace.settings.device} ({trace.settings.dtype}), draft "
-    f"{trace.draft_name}, window {trace.settings.window}, K={trace.settings.k}; {run_note}."
+    f"{trace.draft_name}, window {trace.settings.window}, K={trace.settings.k}"
+    f"{tree if trace.settings.tree_width > 1 else ''}; {run_note}."
 )
 if result["unstored"]:
     st.warning(f"This decode was not stored: {result['unstored']}")
@@ -199,5 +201,27 @@ with st.expander("Draft attention heatmap"):
         st.plotly_chart(attention_heatmap(trace, pieces), key="heatmap")
     except ValueError as error:
         st.info(str(error))
+decode = widgets.token_decoder(trace)
 with st.expander("Rounds"):
-    st.dataframe(round_table(trace, widgets.token_decoder(trace)), hide_index=True)
+    st.dataframe(round_table(trace, decode), hide_index=True)
+
+if trace.rounds:
+    st.subheader("A round's draft tree")
+    path_length = {r.index: r.accepted for r in trace.rounds}
+    nodes = {r.index: len(r.proposed) for r in trace.rounds}
+    chosen = widgets.select(
+        st,
+        "Round",
+        list(path_length),
+        key=f"tree_round_{result['run']}",
+        default=max(path_length, key=path_length.get),  # the first round with the longest accepted path
+        format_func=lambda i: f"round {i}: {path_length[i]} of {nodes[i]} nodes accepted",
+    )
+    st.plotly_chart(tree_figure(trace, chosen, decode), key="tree")
+    st.caption(
+        "Opens on the first round with the longest accepted path, where drafting paid off most. The root is the last "
+        "verified token; each node is a draft proposal at its depth, joined to the node it was drafted below (larger: "
+        "more probable to the draft; hover for its probability). Green: the path the target accepted; red: nodes off "
+        "it; orange diamond: the target's own next token after the path. The top row is the round's spine, what the "
+        "drift plot shows: the accepted path, then the draft's likeliest child at each depth."
+    )

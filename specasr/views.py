@@ -10,10 +10,12 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from specasr.trace import Trace
+from specasr.trace import DraftStep, Trace
 
 BELOW = {"orientation": "h", "y": -0.25}  # legends under the plot keep narrow columns readable
 ACCEPTED, REJECTED, VERIFIED, ALIGNED, WINDOW = "#2ca02c", "#d62728", "#1f77b4", "#222222", "rgba(128,128,128,0.35)"
+# The draft tree's target token (orange, as the transcript marks the target's own tokens), edges and token labels.
+TARGET_TOKEN, EDGE, LABEL = "#e67e22", "#bbbbbb", "#222222"
 ALIGNMENT_MARK = "#ff2e88"  # seen on every colour of Viridis and on the empty plot around a window
 
 
@@ -63,6 +65,113 @@ def round_table(trace: Trace, decode: Callable[[list[int]], str]) -> pd.DataFram
             for r in trace.rounds
         ]
     )
+
+
+def tree_figure(trace: Trace, round_index: int, decode: Callable[[list[int]], str]) -> go.Figure:
+    """One round's draft tree: the root (the last verified token) at depth 0, each node at its depth with an edge to
+    its parent, the accepted path in green and the target's own next token after its end; the top row is the round's
+    spine (`Trace.spine`, what the drift plot shows), other branches below it. Hovers give the draft's probabilities."""
+    round = next(r for r in trace.rounds if r.index == round_index)
+    steps = [s for s in trace.steps if s.round == round_index]
+    row = tree_rows(steps)
+    place = {s.node: (s.depth, row[s.node]) for s in steps} | {None: (0, 0)}
+    figure = go.Figure()
+    for on_path, name, line in (
+        (False, "draft edge", {"color": EDGE, "width": 1.5}),
+        (True, "accepted path", {"color": ACCEPTED, "width": 4}),
+    ):
+        figure.add_scatter(
+            **_edges([s for s in steps if s.accepted == on_path], place),
+            mode="lines",
+            name=name,
+            line=line,
+            hoverinfo="skip",
+        )
+    end = place[next((s.node for s in steps if s.accepted and s.depth == round.accepted), None)]
+    after = (round.accepted + 1, -1)  # the target's token, one row above the spine, off the nodes' rows
+    figure.add_scatter(
+        x=[end[0], after[0]],
+        y=[end[1], after[1]],
+        mode="lines",
+        showlegend=False,
+        line={"color": TARGET_TOKEN, "width": 2, "dash": "dot"},
+        hoverinfo="skip",
+    )
+    root = (0, 0, decode([trace.tokens[round.start - 1]]), f"transcript token {round.start - 1}")
+    _token_marks(figure, "root: the last verified token", {"color": VERIFIED, "symbol": "square", "size": 14}, [root])
+    for on_path, name, colour in (
+        (True, "node on the accepted path", ACCEPTED),
+        (False, "node off the path", REJECTED),
+    ):
+        chosen = [s for s in steps if s.accepted == on_path]
+        marker = {"color": colour, "size": [8 + 16 * (s.probability or 0.0) for s in chosen]}  # larger: more probable
+        _token_marks(figure, name, marker, [(s.depth, row[s.node], decode([s.token]), _node_hover(s)) for s in chosen])
+    target = (*after, decode([round.target_token]), "the target's greedy choice after the accepted path")
+    _token_marks(
+        figure, "the target's own next token", {"color": TARGET_TOKEN, "symbol": "diamond", "size": 14}, [target]
+    )
+    deepest = max((s.depth for s in steps), default=0)
+    figure.update_xaxes(
+        tickvals=list(range(deepest + 2)),
+        ticktext=["root", *(f"depth {d}" for d in range(1, deepest + 2))],
+        range=[-0.5, deepest + 1.6],
+        showgrid=False,
+        zeroline=False,
+    )
+    figure.update_yaxes(visible=False, autorange="reversed")
+    figure.update_layout(height=140 + 56 * (max(row.values()) + 2), legend=BELOW, margin={"t": 30})
+    return figure
+
+
+def tree_rows(steps: list[DraftStep]) -> dict[int | None, int]:
+    """Each node's row (None: the root's): siblings in order of preference (the accepted one, then the draft's most
+    probable), each leaf on a row of its own and each parent on its first child's, so the spine is row 0."""
+    children: dict[int | None, list[int]] = {}
+    for s in sorted(steps, key=lambda s: (not s.accepted, -(s.probability or 0.0))):
+        children.setdefault(s.parent, []).append(s.node)
+    order, pending = [], [None]
+    while pending:  # depth first, preferred children first
+        node = pending.pop()
+        order.append(node)
+        pending += reversed(children.get(node, []))
+    rows = {node: i for i, node in enumerate(n for n in order if n not in children)}
+    for node in reversed(order):  # children before their parents
+        if node in children:
+            rows[node] = rows[children[node][0]]
+    return rows
+
+
+def _edges(steps: list[DraftStep], place: dict[int | None, tuple[int, int]]) -> dict[str, list]:
+    """Line segments from each node to its parent, apart (None) from one another."""
+    xs, ys = [], []
+    for s in steps:
+        (x0, y0), (x1, y1) = place[s.parent], place[s.node]
+        xs += [x0, x1, None]
+        ys += [y0, y1, None]
+    return {"x": xs, "y": ys}
+
+
+def _token_marks(figure: go.Figure, name: str, marker: dict, points: list[tuple[int, int, str, str]]) -> None:
+    """Markers at (x, y), each labelled with its token's text and a hover line."""
+    xs, ys, texts, hovers = zip(*points, strict=True) if points else ([], [], [], [])
+    figure.add_scatter(
+        x=list(xs),
+        y=list(ys),
+        mode="markers+text",
+        name=name,
+        text=[text.strip() or repr(text) for text in texts],
+        textposition="top center",
+        textfont={"size": 15, "color": LABEL},
+        marker=marker,
+        customdata=list(hovers),
+        hovertemplate="%{text}<br>%{customdata}<extra></extra>",
+    )
+
+
+def _node_hover(step: DraftStep) -> str:
+    below = "the root" if step.parent is None else f"node {step.parent}"
+    probability = "-" if step.probability is None else f"{step.probability:.3f}"
+    return f"node {step.node}, depth {step.depth}, below {below}<br>draft probability {probability}"
 
 
 def drift_figure(

@@ -93,6 +93,42 @@ def test_live_decode_shows_transcript_metrics_and_drift(sample_clips):
     assert any(m.label == "Decode-phase speedup" for m in app.metric)  # the timing stays with the decode
 
 
+def test_a_tree_decode_is_stored_with_its_tree_and_draws_a_round_of_it(sample_clips):
+    app = page()
+    use_random_draft(app)
+    app.sidebar.slider(key="tree_width").set_value(2).run()  # the node count opens with a tree
+    app.sidebar.number_input(key="tree_nodes").set_value(3)
+    upload(app, "decode", "clip.wav", sample_clips[0].path.read_bytes())
+    app.button(key="run").click().run()
+    assert not app.exception and not app.error
+    stored = Store().traces(app.query_params["run"])[0]
+    assert (stored.settings.k, stored.settings.tree_width, stored.settings.tree_nodes) == (2, 2, 3)
+    assert (app.query_params["tree_width"], app.query_params["tree_nodes"]) == ("2", "3")
+    assert any("a tree of width 2 verifying 3 nodes per round" in c.value for c in app.caption)
+    tree = figures(app)["tree"]
+    assert {"root: the last verified token", "the target's own next token"} <= set(names(tree))
+    drawn = sum(len(t["text"]) for t in tree["data"] if t.get("name", "").startswith("node "))
+    longest = max(r.accepted for r in stored.rounds)
+    picker = next(s for s in app.selectbox if s.label == "Round")
+    assert picker.value == next(r.index for r in stored.rounds if r.accepted == longest) and drawn == 3
+
+
+def test_a_tree_the_settings_do_not_allow_shows_why_and_decodes_nothing():
+    before = len(Store().runs())
+    app = page()
+    use_random_draft(app)
+    app.sidebar.slider(key="tree_width").set_value(2).run()  # the node count opens with a tree
+    app.sidebar.number_input(key="tree_nodes").set_value(7).run()  # K=2, width 2: 2 + 4 candidates
+    assert not app.exception
+    assert "it can verify 1 to 6 nodes per round, not 7" in app.error[0].value and not app.button
+    app.sidebar.number_input(key="tree_nodes").set_value(0)
+    app.sidebar.slider(key="threshold").set_value(0.5).run()
+    assert not app.exception
+    assert app.error[0].value.startswith("These settings cannot be decoded: a confidence threshold cuts a chain")
+    app.sidebar.slider(key="tree_width").set_value(1).run()  # a chain may stop at a threshold
+    assert not app.error and app.button(key="run") and len(Store().runs()) == before
+
+
 def fill_the_disk(monkeypatch: pytest.MonkeyPatch) -> str:
     """Every store write fails from now on, as it would on a full disk; returns the reason the store gives."""
     reason = "cannot write runs.duckdb: it is on a full disk"
@@ -254,6 +290,23 @@ def test_a_shared_run_opens_in_a_fresh_session_without_its_model(sample_clips, p
     assert app.warning[0].value.startswith("Stale: the result below was decoded with other settings (k differ")
 
 
+def test_a_stored_tree_opens_with_its_tree_without_its_model(sample_clips, pipeline, monkeypatch):
+    settings = Settings(draft="random", draft_dtype="float16", k=2, tree_width=2, tree_nodes=4)
+    trace = pipeline.decode(sample_clips[0].clip(), settings)
+    run_id = Store().write_run([trace], "decode")
+    monkeypatch.setattr(Pipeline, "target", lambda *_: pytest.fail("a stored run loaded its target"))
+
+    app = AppTest.from_file(APP, default_timeout=120)
+    app.query_params["run"] = run_id
+    app.run()
+    assert not app.exception and not app.error
+    assert "tree" in figures(app)
+    assert (app.sidebar.slider(key="tree_width").value, app.sidebar.number_input(key="tree_nodes").value) == (2, 4)
+    assert not app.warning  # the sidebar took the run's tree: nothing is stale
+    app.sidebar.slider(key="tree_width").set_value(3).run()
+    assert app.warning[0].value.startswith("Stale: the result below was decoded with other settings (tree_width differ")
+
+
 def test_the_sidebar_keeps_its_settings_from_page_to_page():
     app = page()
     app.sidebar.slider(key="k").set_value(7)
@@ -267,10 +320,13 @@ def test_the_sidebar_keeps_its_settings_from_page_to_page():
 
 def test_settings_in_the_address_set_the_sidebar():
     app = AppTest.from_file(APP, default_timeout=60)
-    app.query_params.update({"window": "shift", "k": "7", "draft": "no-such-draft"})
+    app.query_params.update(
+        {"window": "shift", "k": "7", "draft": "no-such-draft", "tree_width": "3", "tree_nodes": "12"}
+    )
     app.run()
     assert not app.exception
     assert (app.sidebar.selectbox(key="window").value, app.sidebar.slider(key="k").value) == ("shift", 7)
+    assert (app.sidebar.slider(key="tree_width").value, app.sidebar.number_input(key="tree_nodes").value) == (3, 12)
     assert app.sidebar.selectbox(key="draft").value != "no-such-draft"  # not a choice: the default stays
     assert app.query_params["k"] == ["7"] or app.query_params["k"] == "7"
 

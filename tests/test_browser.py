@@ -1,7 +1,8 @@
 """The dashboard in a real browser: Debian's chromium driven by playwright against `streamlit run app.py`.
 
 Uploads a clip, presses Run, waits for the drift plot, times it, visits every page and saves a screenshot of each in
-$SPECASR_SCREENSHOTS (default cache/screenshots). Skips, saying why, where chromium or playwright is missing.
+$SPECASR_SCREENSHOTS (default cache/screenshots); decodes with a draft tree and saves the tree of a round. Skips,
+saying why, where chromium or playwright is missing.
 """
 
 import os
@@ -86,8 +87,7 @@ def settle(page) -> None:
 
 
 def test_a_user_decodes_a_clip_and_visits_every_page(server, sample_clips):
-    shots = Path(os.environ.get("SPECASR_SCREENSHOTS", ROOT / "cache" / "screenshots"))
-    shots.mkdir(parents=True, exist_ok=True)
+    shots = screenshots()
     with playwright.sync_playwright() as p:
         browser, page = open_browser(p, height=2400, timeout_ms=300_000)
         page.goto(server)
@@ -169,9 +169,47 @@ def test_a_70_second_clip_is_drawn_on_its_own_time_axis(server, tmp_path):
         cuts = heatmap.evaluate("plot => plot._fullLayout.shapes.map(s => s.x0)")
         assert len(starts) == 3 and starts[0] == pytest.approx(0.0)
         assert starts[1:] == pytest.approx(cuts, abs=1e-6) and 20 < cuts[0] < 30 < cuts[1] < 60  # cut at quiet points
-        shots = Path(os.environ.get("SPECASR_SCREENSHOTS", ROOT / "cache" / "screenshots"))
-        heatmap.screenshot(path=str(shots / "long-heatmap.png"))
+        heatmap.screenshot(path=str(screenshots() / "long-heatmap.png"))
         browser.close()
+
+
+def test_a_user_decodes_with_a_draft_tree_and_sees_a_round_of_it(server, sample_clips):
+    """Live decode of a tree from a link's settings: the tree of the round with the longest accepted path, its 12
+    nodes and the target's own token, screenshotted (the page, and the tree's section as live-decode-tree.png)."""
+    with playwright.sync_playwright() as p:
+        browser, page = open_browser(p, height=3400)  # the whole page in view: the tree is its last section
+        page.goto(f"{server}/?draft=whisper-tiny.en/control&k=4&tree_width=3&tree_nodes=12")
+        page.get_by_text("upload", exact=True).click()
+        page.set_input_files("input[type=file]", str(sample_clips[0].path))
+        page.get_by_text(sample_clips[0].path.name[-9:]).wait_for()
+        page.get_by_role("button", name="Run", exact=True).click()
+        page.get_by_text("A round's draft tree").wait_for()
+        settle(page)
+        text = page.inner_text("body")
+        assert "a tree of width 3 verifying 12 nodes per round" in text and "Traceback" not in text
+        tree = page.locator(".js-plotly-plot").filter(has_text="the target's own next token")
+        tree.wait_for()
+        drawn = tree.evaluate(
+            "plot => plot._fullData.filter(t => (t.name || '').startsWith('node ')).map(t => t.x.length)"
+        )
+        assert sum(drawn) == 12 and drawn[0] >= 1  # every node verified; the picked round accepted some
+        shots = screenshots()
+        page.screenshot(path=str(shots / "live-decode-tree-page.png"), full_page=True)
+        top = page.get_by_text("A round's draft tree").bounding_box()
+        end = page.get_by_text("Opens on the first round with the longest accepted path").bounding_box()
+        section = {"x": top["x"] - 16, "y": top["y"] - 16, "width": end["width"] + 32}
+        page.screenshot(
+            path=str(shots / "live-decode-tree.png"),
+            clip=section | {"height": end["y"] + end["height"] - section["y"] + 16},
+        )
+        browser.close()
+
+
+def screenshots() -> Path:
+    """Where the browser tests put their screenshots: $SPECASR_SCREENSHOTS, or cache/screenshots."""
+    shots = Path(os.environ.get("SPECASR_SCREENSHOTS", ROOT / "cache" / "screenshots"))
+    shots.mkdir(parents=True, exist_ok=True)
+    return shots
 
 
 def long_clip(seconds: float) -> np.ndarray:

@@ -13,6 +13,8 @@ from specasr.views import (
     round_table,
     survival_figure,
     token_rows,
+    tree_figure,
+    tree_rows,
 )
 
 PIECES = [" The", " cat", " sat", "."]
@@ -32,9 +34,9 @@ def trace(window: str = "correct", attention: bool = True) -> Trace:
         reference_frames=[0, 1, 2, None],
         rounds=[Round(0, 0, 1, [2, 9], 1, 3, 0.01, 0.02), Round(1, 0, 3, [8], 0, 4, 0.01, 0.02)],
         steps=[
-            DraftStep(0, 1, 2, True, 1, centre, 1, rows),
-            DraftStep(0, 2, 9, False, 2, centre, 2, rows),
-            DraftStep(1, 1, 8, False, 0, centre, None, rows),
+            DraftStep(0, 1, 2, True, 1, centre, 1, rows, node=0),
+            DraftStep(0, 2, 9, False, 2, centre, 2, rows, node=1, parent=0),
+            DraftStep(1, 1, 8, False, 0, centre, None, rows, node=0),
         ],
         verified=[VerifiedToken(i, t, [i, i + 1]) for i, t in enumerate([1, 2, 3, 4])],
     )
@@ -81,6 +83,86 @@ def test_drift_figure_puts_every_position_on_the_time_axis():
     assert "draft window" not in unrestricted and "waveform" not in unrestricted
 
 
+def tree_trace() -> Trace:
+    """Tokens 0..3 as in `trace`, round 0 drafted as a tree of width 2: at depth 1 " cat" (node 0, accepted) and the
+    more probable " dog" (node 1); at depth 2 " sat" below " cat" (node 2, rejected) and " ran" below " dog" (node 3).
+    The target gave " sat" itself; round 1 is a chain of one rejected node."""
+    rows = [0.1, 0.7, 0.2]
+
+    def node(node: int, parent: int | None, depth: int, token: int, accepted: bool, peak: int, p: float) -> DraftStep:
+        return DraftStep(0, depth, token, accepted, peak, None, None, rows, "", node, parent, p)
+
+    return Trace(
+        "clip",
+        Settings(draft="random", k=2, tree_width=2, tree_nodes=4),
+        [1, 2, 3, 4],
+        "The cat sat.",
+        segments=[Segment(0, 0, 3, 0, 4)],
+        rounds=[Round(0, 0, 1, [2, 5, 3, 6], 1, 3, 0.01, 0.02), Round(1, 0, 3, [8], 0, 4, 0.01, 0.02)],
+        steps=[
+            node(0, None, 1, 2, True, 1, 0.3),
+            node(1, None, 1, 5, False, 9, 0.6),
+            node(2, 0, 2, 3, False, 2, 0.5),
+            node(3, 1, 2, 6, False, 8, 0.9),
+            DraftStep(1, 1, 8, False, 0, None, None, rows, "", 0, None, 0.4),
+        ],
+        verified=[VerifiedToken(i, t, [i, i + 1]) for i, t in enumerate([1, 2, 3, 4])],
+    )
+
+
+TEXTS = {1: " The", 2: " cat", 3: " sat", 4: ".", 5: " dog", 6: " ran", 8: " on"}
+
+
+def test_drift_and_heatmap_follow_the_accepted_path_of_a_tree():
+    tree = tree_trace()
+    figure = drift_figure(tree, PIECES, layer=0)
+    by_name = {t.name: t for t in figure.data}
+    accepted, rejected = by_name["draft peak, proposal accepted"], by_name["draft peak, proposal rejected"]
+    assert list(accepted.y) == [1] and list(accepted.x) == pytest.approx([0.02])  # " cat", not the likelier " dog"
+    assert list(rejected.y) == [2, 3] and list(rejected.x) == pytest.approx([0.04, 0.0])  # " sat" below it; round 1
+    heatmap = attention_heatmap(tree, PIECES)
+    assert list(heatmap.layout.yaxis.ticktext) == ["r0 d1 cat", "r0 d2 sat", "r1 d1 ."]  # one row per depth and round
+
+
+def test_tree_figure_lays_a_round_out_by_depth_with_its_path_and_the_targets_token():
+    figure = tree_figure(tree_trace(), 0, lambda tokens: "".join(TEXTS.get(t, "<eot>") for t in tokens))
+    by_name = {t.name: t for t in figure.data}
+    root, on_path = by_name["root: the last verified token"], by_name["node on the accepted path"]
+    off_path, target = by_name["node off the path"], by_name["the target's own next token"]
+    assert (list(root.x), list(root.y), list(root.text)) == ([0], [0], ["The"])
+    assert (list(on_path.x), list(on_path.y), list(on_path.text)) == ([1], [0], ["cat"])  # the spine is the top row
+    assert list(zip(off_path.text, off_path.x, off_path.y, strict=True)) == [
+        ("dog", 1, 1),
+        ("sat", 2, 0),
+        ("ran", 2, 1),
+    ]
+    assert "draft probability 0.600" in off_path.customdata[0] and "below node 1" in off_path.customdata[2]
+    assert (list(target.x), list(target.y), list(target.text)) == ([2], [-1], ["sat"])  # after the path's end
+    path = by_name["accepted path"]
+    assert list(path.x) == [0, 1, None] and list(path.y) == [0, 0, None]
+    edges = by_name["draft edge"]  # each node off the path to its parent
+    assert list(edges.x) == [0, 1, None, 1, 2, None, 1, 2, None] and list(edges.y) == [
+        0,
+        1,
+        None,
+        0,
+        0,
+        None,
+        1,
+        1,
+        None,
+    ]
+
+
+def test_tree_rows_put_the_preferred_child_on_its_parents_row():
+    steps = tree_trace().steps[:4]
+    assert tree_rows(steps) == {None: 0, 0: 0, 2: 0, 1: 1, 3: 1}
+    chain = [
+        DraftStep(0, d, 7, d == 1, None, None, None, node=d - 1, parent=d - 2 if d > 1 else None) for d in (1, 2, 3)
+    ]
+    assert tree_rows(chain) == {None: 0, 0: 0, 1: 0, 2: 0}  # a chain: one line
+
+
 def test_heatmap_needs_kept_rows():
     figure = attention_heatmap(trace(), PIECES)
     assert np.asarray(figure.data[0].z).shape == (3, 3)
@@ -110,7 +192,9 @@ def long_trace() -> Trace:
     segments = [Segment(i, start, frames, i, 1) for i, (start, frames) in enumerate(zip(starts, valid, strict=True))]
     rows = [[1.0 if f == 100 else 0.0 for f in range(frames)] for frames in valid]
     rounds = [Round(i, i, i, [10 + i], 1, 20 + i, 0.01, 0.02) for i in range(3)]
-    steps = [DraftStep(i, 1, 10 + i, True, start + 100, None, start + 100, rows[i]) for i, start in enumerate(starts)]
+    steps = [
+        DraftStep(i, 1, 10 + i, True, start + 100, None, start + 100, rows[i], node=0) for i, start in enumerate(starts)
+    ]
     return Trace(
         "long",
         Settings(draft="random", k=1),
