@@ -118,8 +118,9 @@ def tree_figure(trace: Trace, round_index: int, decode: Callable[[list[int]], st
         showgrid=False,
         zeroline=False,
     )
-    figure.update_yaxes(visible=False, autorange="reversed")
-    figure.update_layout(height=140 + 56 * (max(row.values()) + 2), legend=BELOW, margin={"t": 30})
+    lowest = max(row.values())
+    figure.update_yaxes(visible=False, range=[lowest + 0.5, after[1] - 0.7])  # downwards, room for the top labels
+    figure.update_layout(height=140 + 56 * (lowest + 2), legend=BELOW, margin={"t": 30})
     return figure
 
 
