@@ -154,7 +154,7 @@ def roll_out(
         centres = torch.stack([policy.centres(v, k, v) for v in starts])
     roots = [prompt + v - 2 for v in starts]
     root_centres = torch.full((len(view.tokens) - 1,), NO_WINDOW, device=view.memory.device)
-    root_centres[roots] = centres[:, 0]  # no window elsewhere: no other row's output is read, nor kept in the cache
+    root_centres[roots] = centres[:, 0]  # elsewhere none: no other row's output is read, and keys come before audio
     truth = torch.tensor(view.tokens[prompt:] + [-1] * (k + 1), device=view.memory.device)  # nothing past the end
     rounds = len(starts)
     tokens, accepted, peaks = np.full((rounds, k), -1), np.zeros((rounds, k), dtype=bool), np.full((rounds, k), -1)
@@ -207,6 +207,7 @@ def _catch_up(draft: Draft, view: ClipView, cache: DraftCache, mask: torch.Tenso
 
 
 def _row(out: DraftOutput, row: int) -> DraftOutput:
+    """One row of the draft's output, a round's root."""
     return DraftOutput(*(None if x is None else x[:, row : row + 1] for x in (out.hidden, out.features, out.attention)))
 
 
@@ -219,8 +220,8 @@ def _round(candidates: tree.Candidates, nodes: int, truth: torch.Tensor, eot: in
     count, path = tree.accept(block, truth[block.depths], eot, k, k)
     sources = candidates.sources.index_select(0, chosen)  # the draft row that predicted each node
     attention = candidates.attention
-    peaks = attention.index_select(0, sources).argmax(dim=-1) if attention is not None else sources * 0 - 1
-    restarts = candidates.tokens[candidates.depths == 1] == truth[0]  # tree.top at the root, most probable first
+    peaks = attention.index_select(0, sources).argmax(dim=-1) if attention is not None else torch.full_like(sources, -1)
+    restarts = (candidates.tokens[candidates.depths == 1] == truth[0]).cumsum(0) > 0  # tree.top at the root: top m
     values = [block.tokens, block.parents, block.depths, block.probabilities, count, path, peaks, restarts]
     tokens, parents, depths, probabilities, (count,), path, peaks, restarts = read(values)
     on_path = set(path[1 : count + 1])  # block rows, which name the nodes here: the root is row 0
@@ -235,7 +236,7 @@ def _round(candidates: tree.Candidates, nodes: int, truth: torch.Tensor, eot: in
         [s.token for s in found] + missing,
         [s.accepted for s in found] + [False] * len(missing),
         [s.draft_peak for s in found] + missing,
-        np.cumsum(restarts) > 0,
+        restarts,
     )
 
 
