@@ -275,6 +275,7 @@ class _SpeculativeLoop:
         layout = RoundRecord(len(block.tokens), k, len(options.attention_layers))
         (values,) = read([layout.pack(block, limit, accepted, path, choices, peaks, draft_peaks, centres)])
         outcome = layout.unpack(values, attention is not None)
+        outcome.drafted = candidates.drafted
         if attention is not None and options.keep_attention:  # a second read; the nodes a round keeps come first
             outcome.attention = attention.index_select(0, rows[: len(outcome.tokens)]).float().cpu().tolist()
         self._observe(peaks.index_select(0, path), verified, len(outcome.path) + 1)

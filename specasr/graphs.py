@@ -359,6 +359,7 @@ class RoundSteps:
         marks = self._launch(stopwatch)
         while marks is not None:
             outcome = self.layout.unpack(self.state.record.tolist(), self.draft.config.audio)
+            outcome.drafted = self.k  # a captured round drafts every depth
             if self.options.keep_attention and self.draft.config.audio:
                 outcome.attention = (
                     self.state.attention[: len(outcome.tokens), : self.policy.frames].float().cpu().tolist()

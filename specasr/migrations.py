@@ -14,6 +14,7 @@ RENAMED_WINDOWS = (("runtime", "runtime-last"), ("runtime-paced", "runtime"))
 # Runs stored (or exported) before draft trees drafted chains: a chain's nodes are its proposals in order.
 CHAIN_NODES = [
     "UPDATE runs SET tree_nodes = k WHERE draft IS NOT NULL AND tree_nodes IS NULL",
+    "UPDATE rounds SET drafted = len(proposed) WHERE drafted IS NULL",
     "UPDATE draft_steps SET node = depth - 1, parent = CASE WHEN depth > 1 THEN depth - 2 END WHERE node IS NULL",
 ]
 MIGRATIONS: list[list[str]] = [
@@ -155,6 +156,7 @@ MIGRATIONS: list[list[str]] = [
         """ALTER TABLE draft_steps ADD COLUMN node INTEGER""",
         """ALTER TABLE draft_steps ADD COLUMN parent INTEGER""",
         """ALTER TABLE draft_steps ADD COLUMN probability DOUBLE""",  # NULL for runs stored before trees
+        """ALTER TABLE rounds ADD COLUMN drafted INTEGER""",
         *CHAIN_NODES,
     ],
 ]

@@ -48,6 +48,7 @@ class Outcome:
     draft_peaks: list[int] | None  # each node's draft attention peak (segment frame); None without audio attention
     centres: list[int]  # each depth's window centre (segment frame) or NO_WINDOW
     peaks: list[int]  # verification peaks of the root and the path's nodes, row by row, a frame per attention layer
+    drafted: int = 0  # the round's draft passes (set by the loop, which knows how deep it drafted)
     attention: list[list[float]] | None = None  # each node's draft attention row, where the trace keeps them
 
 
@@ -170,7 +171,16 @@ class SegmentRows:
         index, start, origin = self.origin.round + len(self.result.rounds), len(self.tokens), self.origin
         accepted = len(outcome.path)
         self.result.rounds.append(
-            Round(index, origin.segment, origin.token + start, outcome.tokens, accepted, outcome.new[-1], *seconds)
+            Round(
+                index,
+                origin.segment,
+                origin.token + start,
+                outcome.tokens,
+                accepted,
+                outcome.new[-1],
+                *seconds,
+                outcome.drafted,
+            )
         )
         on_path, offset = set(outcome.path), origin.frame
         for node, (token, depth) in enumerate(zip(outcome.tokens, outcome.depths, strict=True)):

@@ -184,6 +184,7 @@ class Round:
     target_token: int  # the target's own next token after the accepted prefix (end-of-text included)
     draft_seconds: float  # the draft's catch-up on the last round's tokens and its proposals
     verify_seconds: float  # the verification pass and, for the runtime windows, the readout of its attention peaks
+    drafted: int  # draft passes: the catch-up and one per further depth drafted (a chain that stops early, fewer)
 
 
 @dataclass
@@ -213,7 +214,7 @@ def spine(round_steps: list[DraftStep]) -> list[DraftStep]:
     for step in round_steps:
         children.setdefault(step.parent, []).append(step)
     found, parent = [], None
-    while parent in children:
+    while parent in children and (not found or parent is not None):  # a step without its node ends the spine
         below = children[parent]
         accepted = [step for step in below if step.accepted]
         step = accepted[0] if accepted else max(below, key=lambda s: -1.0 if s.probability is None else s.probability)
@@ -271,11 +272,7 @@ class Trace:
 
     @property
     def draft_passes(self) -> int:
-        """Draft passes over all rounds: each round's deepest node (a chain's proposals), one pass per depth."""
-        deepest: dict[int, int] = {}
-        for step in self.steps:
-            deepest[step.round] = max(deepest.get(step.round, 0), step.depth)
-        return sum(deepest.values())
+        return sum(r.drafted for r in self.rounds)
 
     @property
     def draft_seconds(self) -> float:

@@ -32,6 +32,7 @@ class Candidates:
     scores: Tensor  # (C,) float32 log-probability of the path from the root
     sources: Tensor  # (C,) the row of `attention` whose step predicted the token
     attention: Tensor | None = None  # (1 + fed nodes, frames) audio attention of the root's step, then of each fed
+    drafted: int = 1  # draft passes that grew it: the root's, then one per further depth
 
 
 @dataclass
@@ -51,7 +52,7 @@ class _Levels:
 
     def candidates(self, attention: list[Tensor]) -> Candidates:
         levels = {f.name: torch.cat(getattr(self, f.name)) for f in fields(self)}
-        return Candidates(**levels, attention=torch.cat(attention) if attention else None)
+        return Candidates(**levels, attention=torch.cat(attention) if attention else None, drafted=len(self.tokens))
 
 
 def top(draft: Draft, hidden: Tensor, width: int) -> tuple[Tensor, Tensor]:

@@ -221,7 +221,7 @@ def test_profile_prints_one_row_per_pass(capsys, sample_clips):
     argv = ["profile", str(sample_clips[0].path), "--draft", "random", "--k", "3", "--repeats", "2", "--json"]
     assert main(argv) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert [row["pass"] for row in rows] == ["target step (1 row)", "verification (4 rows)", "draft step"]
+    assert [row["pass"] for row in rows] == ["target step (1 row)", "verification (4 rows)", "draft step (1 row)"]
     assert rows[1]["target_steps"] > 0 and rows[0]["lm head"] > 0
 
 

@@ -138,7 +138,10 @@ def test_decodes_the_store_cannot_take_are_kept_and_writing_stops_at_the_first_f
 
 def test_clip_metrics_equal_a_hand_computation():
     settings = replace(RANDOM, reference="always")
-    steps = [*restarts([2, 0, 1], [2, 0, 30]), DraftStep(0, 2, 7, True, 50, None, None)]  # no frame: left out
+    steps = [
+        *restarts([2, 0, 1], [2, 0, 30]),
+        DraftStep(0, 2, 7, True, 50, None, None, node=1, parent=0),
+    ]  # no frame: left out
     trace = replace(
         hand_trace(settings, "u", [2, 0, 1], 1.0, steps=steps),
         clip_seconds=2.5,

@@ -33,7 +33,7 @@ def hand_trace(
     runtime_peaks: list[int] | None = None,
 ):
     """A trace on clip `clip` whose rounds accepted these counts of K = settings.k proposals (none for greedy)."""
-    rounds = [Round(i, 0, 0, [7] * settings.k, a, 7, *round_seconds) for i, a in enumerate(accepted)]
+    rounds = [Round(i, 0, 0, [7] * settings.k, a, 7, *round_seconds, settings.k) for i, a in enumerate(accepted)]
     if tokens is None:
         tokens = [7] * (sum(1 + a for a in accepted) - 1)
     return Trace(
@@ -54,7 +54,7 @@ def hand_trace(
 def restarts(accepted: list[int], errors: list[int], reference: int = 100, centre: int | None = None) -> list:
     """Each round's depth-1 step, its draft peak `errors[i]` frames after the reference frame."""
     return [
-        DraftStep(i, 1, 7, a >= 1, reference + e, centre, reference)
+        DraftStep(i, 1, 7, a >= 1, reference + e, centre, reference, node=0)
         for i, (a, e) in enumerate(zip(accepted, errors, strict=True))
     ]
 
@@ -178,7 +178,10 @@ def runtime_grid(tmp_path):
                     "u",
                     [1, 1],
                     1.5,
-                    steps=[*restarts([1, 1], [0, 0], centre=103), DraftStep(0, 2, 7, False, 100, 106, 100)],
+                    steps=[
+                        *restarts([1, 1], [0, 0], centre=103),
+                        DraftStep(0, 2, 7, False, 100, 106, 100, node=1, parent=0),
+                    ],
                     round_seconds=(0.06, 0.25),
                     reference_frames=[10, 20, None],
                     runtime_peaks=[12, 21, 40],
@@ -190,8 +193,8 @@ def runtime_grid(tmp_path):
                     0.5,
                     steps=[
                         *restarts([3], [0], centre=96),
-                        DraftStep(0, 2, 7, True, 100, 91, 100),
-                        DraftStep(0, 3, 7, True, 100, 88, 100),
+                        DraftStep(0, 2, 7, True, 100, 91, 100, node=1, parent=0),
+                        DraftStep(0, 3, 7, True, 100, 88, 100, node=2, parent=1),
                     ],
                     round_seconds=(0.05, 0.3),
                     reference_frames=[5, 25, 45],

@@ -40,7 +40,7 @@ def make_trace(clip_id: str, accepted: list[int], k: int = 3, proposed: list[int
     """A speculative trace whose rounds accepted these counts; each round advances 1 + accepted tokens."""
     proposed = proposed or [k] * len(accepted)
     rounds = [
-        Round(i, 0, 0, proposed=[7] * p, accepted=a, target_token=7, draft_seconds=0.0, verify_seconds=0.0)
+        Round(i, 0, 0, proposed=[7] * p, accepted=a, target_token=7, draft_seconds=0.0, verify_seconds=0.0, drafted=p)
         for i, (a, p) in enumerate(zip(accepted, proposed, strict=True))
     ]
     chains = [

@@ -32,7 +32,7 @@ def speculative_trace(clip: str, accepted: list[int], settings: Settings = SPECU
     rounds, steps = [], []
     for r, count in enumerate(accepted):
         proposed = [100 + r * k + d for d in range(k)]
-        rounds.append(Round(r, 0, start, proposed, count, 200 + r, draft_seconds=0.25, verify_seconds=0.5))
+        rounds.append(Round(r, 0, start, proposed, count, 200 + r, draft_seconds=0.25, verify_seconds=0.5, drafted=k))
         for depth in range(1, k + 1):
             reference, kept = 10 * r + depth, depth <= count
             step = DraftStep(
@@ -340,7 +340,11 @@ def test_concurrent_writers_lose_no_run(store):
 
 SCHEMA_2_ON = ["decoder", "frame_seconds", "batch", "assistant", "graphs"]
 SCHEMA_9 = {"decodes": ["token_texts", "target_runtime_layer"], "draft_steps": ["text"], "clips": ["audio_path"]}
-SCHEMA_10 = {"runs": ["tree_width", "tree_nodes"], "draft_steps": ["node", "parent", "probability"]}
+SCHEMA_10 = {
+    "runs": ["tree_width", "tree_nodes"],
+    "rounds": ["drafted"],
+    "draft_steps": ["node", "parent", "probability"],
+}
 
 
 def before_schema(version: int, frames: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:

@@ -32,7 +32,7 @@ def trace(window: str = "correct", attention: bool = True) -> Trace:
         "The cat sat.",
         segments=[Segment(0, 0, 3, 0, 4)],
         reference_frames=[0, 1, 2, None],
-        rounds=[Round(0, 0, 1, [2, 9], 1, 3, 0.01, 0.02), Round(1, 0, 3, [8], 0, 4, 0.01, 0.02)],
+        rounds=[Round(0, 0, 1, [2, 9], 1, 3, 0.01, 0.02, 2), Round(1, 0, 3, [8], 0, 4, 0.01, 0.02, 1)],
         steps=[
             DraftStep(0, 1, 2, True, 1, centre, 1, rows, node=0),
             DraftStep(0, 2, 9, False, 2, centre, 2, rows, node=1, parent=0),
@@ -98,7 +98,7 @@ def tree_trace() -> Trace:
         [1, 2, 3, 4],
         "The cat sat.",
         segments=[Segment(0, 0, 3, 0, 4)],
-        rounds=[Round(0, 0, 1, [2, 5, 3, 6], 1, 3, 0.01, 0.02), Round(1, 0, 3, [8], 0, 4, 0.01, 0.02)],
+        rounds=[Round(0, 0, 1, [2, 5, 3, 6], 1, 3, 0.01, 0.02, 2), Round(1, 0, 3, [8], 0, 4, 0.01, 0.02, 1)],
         steps=[
             node(0, None, 1, 2, True, 1, 0.3),
             node(1, None, 1, 5, False, 9, 0.6),
@@ -191,7 +191,7 @@ def long_trace() -> Trace:
     starts, valid = [0, 1400, 2800], [1400, 1400, 700]
     segments = [Segment(i, start, frames, i, 1) for i, (start, frames) in enumerate(zip(starts, valid, strict=True))]
     rows = [[1.0 if f == 100 else 0.0 for f in range(frames)] for frames in valid]
-    rounds = [Round(i, i, i, [10 + i], 1, 20 + i, 0.01, 0.02) for i in range(3)]
+    rounds = [Round(i, i, i, [10 + i], 1, 20 + i, 0.01, 0.02, 1) for i in range(3)]
     steps = [
         DraftStep(i, 1, 10 + i, True, start + 100, None, start + 100, rows[i], node=0) for i, start in enumerate(starts)
     ]

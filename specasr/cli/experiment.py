@@ -95,7 +95,8 @@ def _grid(args: argparse.Namespace) -> Grid:
     peaks pass replace the draft, the axes and the reference."""
     names = drafts(args)
     shapes = tuple(trees(args))
-    first = settings(args, names[0], window=args.window[0], k=args.k[0], threshold=args.threshold[0])
+    (width, nodes), window, k, threshold = shapes[0], args.window[0], args.k[0], args.threshold[0]
+    first = settings(args, names[0], window=window, k=k, threshold=threshold, tree_width=width, tree_nodes=nodes)
     grid = Grid(first, tuple(names), args.window, args.k, args.threshold, shapes)
     checked(grid.cells)
     return grid
