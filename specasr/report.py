@@ -159,9 +159,10 @@ def contrasts(cells: dict[Settings, list[ClipResult]]) -> list[Contrast]:
 def _tree_partners(cells: dict[Settings, list[ClipResult]]):
     """(chain, tree) settings of cells that differ only in their draft tree."""
     for tree in (s for s in cells if s.tree_width > 1):
-        chain = replace(tree, tree_width=1, tree_nodes=tree.k)
-        if chain in cells:
-            yield chain, tree
+        for nodes in (None, tree.k):  # a chain's node count as asked, or as resolved
+            chain = replace(tree, tree_width=1, tree_nodes=nodes)
+            if chain in cells:
+                yield chain, tree
 
 
 def _shape_threshold(settings: Settings) -> str:

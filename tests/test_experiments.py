@@ -275,6 +275,22 @@ def test_window_contrasts_pair_cells_that_differ_only_in_window(hand_grid):
     assert all("no-audio" not in c.fixed for c in contrasts(results))  # a window changes nothing without audio
 
 
+def test_a_tree_is_contrasted_with_the_chain_of_its_draft_window_and_k(hand_grid):
+    store, runs = hand_grid
+    control = next(s for s in runs.cells if s.draft == "control")
+    tree = replace(control, tree_width=2, tree_nodes=6)
+    runs.cells[tree] = store.write_run(
+        [hand_trace(tree, "u", [4, 2], 1.0, steps=restarts([4, 2], [0, 0])), hand_trace(tree, "v", [3], 0.5)], COMMAND
+    )
+    found = tables(store, runs)
+    rows = found.contrasts[found.contrasts.name == "tree 2x6-chain"].set_index("metric")
+    assert set(rows.fixed) == {"control unrestricted K=4"}
+    assert rows.loc["L", "estimate"] == pytest.approx(9 / 3 - 7 / 3)  # rounds 4, 2, 3 against 4, 1, 2
+    assert rows.loc["decode_speedup", "estimate"] == pytest.approx(3.0 / 1.5 - 1.5)
+    cells = found.cells.set_index(["draft", "tree_width"])
+    assert cells.loc[("control", 2), "tree_nodes"] == 6 and cells.loc[("control", 1), "tree_nodes"] == 4
+
+
 def test_bootstrap_interval_of_a_known_case():
     # Resampling two utterances valued 0 and 1: the mean is 0, 0.5 or 1 with probabilities 1/4, 1/2, 1/4.
     interval = bootstrap(lambda values: sum(values) / len(values), [[0.0, 1.0]], draws=4000, seed=0)
