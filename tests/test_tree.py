@@ -4,6 +4,7 @@ import itertools
 import json
 import math
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,9 +13,12 @@ import torch
 from specasr import tree
 from specasr.decode import LoopOptions, _SpeculativeLoop, greedy_tokens
 from specasr.draft import random_draft
+from specasr.metrics import spine_rows
 from specasr.records import Origin
+from specasr.store import Store
 from specasr.targets.head import VocabularyHead
-from specasr.trace import DraftStep, Settings, spine
+from specasr.trace import DraftStep, Segment, Settings, Trace, spine
+from specasr.transfer import export_runs, import_runs
 from specasr.windows import WINDOWS
 from tests.conftest import random_prefix_target, random_whisper_target, run_loop
 
@@ -204,3 +208,25 @@ def test_a_tree_decode_leaves_the_targets_cache_as_a_teacher_forced_pass_does():
     assert kept == len(target.prompt) + len(tokens) - 1
     assert torch.allclose(loop.target_cache.self_keys[..., :kept, :], cache.self_keys[..., :kept, :], atol=1e-5)
     assert torch.allclose(loop.target_cache.self_values[..., :kept, :], cache.self_values[..., :kept, :], atol=1e-5)
+
+
+def test_a_tree_trace_is_stored_exported_and_imported_whole(tmp_path):
+    """Nodes, parents, probabilities and draft passes survive the store and an export; the stored rows give the same
+    spine as the trace."""
+    target = random_whisper_target(seed=0, layers=2, heads=2, vocab_size=8, max_length=40, init_std=0.3)
+    memory = torch.randn(1, 40, target.d_model, generator=torch.Generator().manual_seed(0))
+    settings = Settings(draft="random", k=4, tree_width=3, tree_nodes=9)
+    result = run_loop(target, random_draft(target, seed=1), memory, 40, settings)
+    segments = [Segment(0, 0, 40, 0, len(result.tokens))]
+    trace = Trace("c1", settings, result.tokens, "", "hash-c1", 1.0, segments=segments, rounds=result.rounds)
+    trace = replace(trace, steps=result.steps, verified=result.verified)
+    store = Store(tmp_path / "runs.duckdb")
+    run = store.write_run([trace], "decode")
+    assert store.traces(run) == [trace]
+    fresh = Store(tmp_path / "fresh.duckdb")
+    import_runs(fresh, export_runs(store, [run], tmp_path / "export")[0].parent)
+    assert fresh.traces(run) == [trace]
+    columns = ["run_id", "decode", "round", "node", "parent", "depth", "accepted", "probability"]
+    stored = spine_rows(store.rows("draft_steps", [run], columns))
+    assert list(zip(stored["round"], stored.node, strict=True)) == [(s.round, s.node) for s in trace.spine]
+    assert len(stored) < len(trace.steps)  # a tree's spine leaves nodes out
