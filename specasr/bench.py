@@ -26,6 +26,7 @@ class ArmResult:
     traces: list[Trace] = field(default_factory=list)
     repeats: list[int] = field(default_factory=list)
     device_seconds: dict[str, float] = field(default_factory=dict)  # its captured steps replayed back to back
+    compile_seconds: float = 0.0  # torch.compile's work on its steps, in its warm-up decode
     pass_costs: tuple[float, float] | None = None  # a speculative arm's v(N) and rho(W), in target steps
     float32_agreement: tuple[float, int] | None = None  # token share, clips alike: against float32 greedy
     copy_of: str | None = None  # the arm this one times again (the A/A check)
@@ -80,9 +81,11 @@ def benchmark(
     if not greedy_arms:
         raise ValueError("a bench needs our greedy loop among its arms: the baseline")
     arms = {name: replace(settings, verify_peaks=False) for name, settings in arms.items()}
-    for settings in arms.values():
-        pipeline.decode(clips[0], settings)
     results = {name: ArmResult(pipeline.resolved(settings)) for name, settings in arms.items()}
+    for name, settings in arms.items():
+        compiled = pipeline.compile_seconds()
+        pipeline.decode(clips[0], settings)
+        results[name].compile_seconds = pipeline.compile_seconds() - compiled
     copy = f"{greedy_arms[0]} (A/A)"
     arms[copy] = arms[greedy_arms[0]]
     results[copy] = ArmResult(results[greedy_arms[0]].settings, copy_of=greedy_arms[0])
@@ -148,9 +151,10 @@ def summary(table: pd.DataFrame, results: dict[str, ArmResult]) -> pd.DataFrame:
     in the loop in greedy steps, the share of the decode phase outside draft and verification passes, and the
     model's speedup with that share put back.
 
-    Where an arm replays captured steps: their device time alone (a greedy step, or a round's drafting and
-    verification), the decode phase's wall time per step (per token, or per round; from the medians over
-    repetitions, as every time here), and the host's share of it.
+    Where an arm's steps are compiled: the seconds torch.compile took in its warm-up (none where an arm before it
+    compiled the same steps). Where an arm replays captured steps: their device time alone (a greedy step, or a
+    round's drafting and verification), the decode phase's wall time per step (per token, or per round; from the
+    medians over repetitions, as every time here), and the host's share of it.
     Where arms ran in another precision: each arm's agreement with float32 greedy.
 
     Acceptance is counted on the first repetition (every repetition decodes the same tokens); the costs on all of
@@ -182,6 +186,8 @@ def summary(table: pd.DataFrame, results: dict[str, ArmResult]) -> pd.DataFrame:
             row |= {f"{phase}_speedup_low": pooled.low, f"{phase}_speedup_high": pooled.high}
         if result.float32_agreement is not None:
             row |= dict(zip(("float32_token_agreement", "float32_same_clips"), result.float32_agreement, strict=True))
+        if result.settings.compile:
+            row["compile_s"] = result.compile_seconds
         if result.device_seconds:
             steps = sum(len(t.rounds) for t in first) if result.settings.draft is not None else tokens
             row |= {f"device_ms_{step}": 1000 * seconds for step, seconds in result.device_seconds.items()}

@@ -11,10 +11,15 @@ from pathlib import Path
 STALE_SCRATCH_SECONDS = 3600
 
 
-def cache_dir() -> Path:
-    """The cache root: $SPECASR_CACHE, else the repository's cache/ folder."""
+def cache_root() -> Path:
+    """$SPECASR_CACHE, else the repository's cache/ folder."""
     configured = os.environ.get("SPECASR_CACHE")
-    root = Path(configured) if configured else Path(__file__).resolve().parents[1] / "cache"
+    return Path(configured) if configured else Path(__file__).resolve().parents[1] / "cache"
+
+
+def cache_dir() -> Path:
+    """The cache root, made if missing."""
+    root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
     return root
 

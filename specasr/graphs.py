@@ -6,10 +6,15 @@ round drafts from what the last verification left, then verifies, accepts and up
 host only launches replays and reads back: one small copy per token (greedy: read while the device runs the next
 step) and one per round (proposals, choices, acceptance, the end flag and the trace rows, in one transfer). Off CUDA
 the same steps run eagerly over the same tensors, which is how they are tested on any machine.
+
+Compiled, each step is traced whole by torch.compile (inductor) on its first call and captured after that, so that a
+graph replays fused kernels. Compiled steps run outside inference mode, whose tensors torch.compile cannot trace.
 """
 
 import statistics
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from typing import TypeVar
 
@@ -26,14 +31,23 @@ from specasr.trace import Round
 from specasr.windows import NO_WINDOW, WindowPolicy
 
 GRAPH_DEVICES = ("cuda",)  # where steps are captured; elsewhere they run eagerly over the same tensors
+COMPILED_BY_DEFAULT = {"cpu": False, "cuda": False}  # the faster as measured (README "Compiled steps")
+MOST_COMPILED_SHAPES = 64  # graphs one step's code compiles to in a process: one per target, draft, K, tree, frames
 Steps = TypeVar("Steps")
 
 
 class CapturedStep:
-    """A step over static tensors: captured once as a CUDA graph and replayed, or run eagerly off CUDA."""
+    """A step over static tensors: captured once as a CUDA graph and replayed, or run eagerly off CUDA; compiled
+    first where asked. compile_seconds: its first call's, which traces and compiles it."""
 
-    def __init__(self, step: Callable[[], None], capture: bool, warmup: int = 2):
-        self.step, self.graph = step, None
+    def __init__(self, step: Callable[[], None], capture: bool, compile: bool = False, warmup: int = 2):
+        self.step, self.graph, self.compile_seconds = step, None, 0.0
+        if compile:
+            self.step = torch.compile(step, fullgraph=True)
+            start = time.perf_counter()
+            with torch._dynamo.config.patch(recompile_limit=MOST_COMPILED_SHAPES, fail_on_recompile_limit_hit=True):
+                self.step()
+            self.compile_seconds = time.perf_counter() - start
         if not capture:
             return
         side = torch.cuda.Stream()
@@ -97,6 +111,12 @@ def _reused(captured: dict | None, key: tuple, make: Callable[[], Steps]) -> Ste
     return captured[key]
 
 
+def compile_seconds(kept: dict) -> float:
+    """Seconds the kept steps spent compiling, on their first calls."""
+    made = (step for steps in kept.values() for step in vars(steps).values())
+    return sum(step.compile_seconds for step in made if isinstance(step, CapturedStep))
+
+
 def replay_seconds(steps: list[CapturedStep], inputs: list[Tensor], repeats: int) -> list[float]:
     """Median device seconds of each step, the steps replayed back to back `repeats` times from the same `inputs`
     (restored before each repetition, outside the timing, and at the end): the kernels' own time, without the host's
@@ -120,11 +140,29 @@ def replay_seconds(steps: list[CapturedStep], inputs: list[Tensor], repeats: int
     return [statistics.median(stopwatch.seconds(row[i], row[i + 1]) for row in marks) for i in range(len(steps))]
 
 
+@dataclass(frozen=True)
+class StepMode:
+    """How a loop's static steps run: captured as CUDA graphs where `graphs` and the device replays them; compiled by
+    torch.compile where `compile`."""
+
+    graphs: bool = True
+    compile: bool = False
+
+    def capture(self, device: torch.device) -> bool:
+        return self.graphs and device.type in GRAPH_DEVICES
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        """Inference mode, except for compiled steps: torch.compile traces no inference tensors."""
+        with torch.inference_mode(not self.compile), torch.no_grad():
+            yield
+
+
 class GreedySteps:
     """A static cache and the greedy loop's two steps for one target and audio length: the prompt's pass and one
     token's step, each ending in the target's greedy choice, which the next step reads as its token."""
 
-    def __init__(self, target: Target, memory: Tensor, layers: tuple[int, ...]):
+    def __init__(self, target: Target, memory: Tensor, layers: tuple[int, ...], mode: StepMode = StepMode()):
         device = memory.device
         self.target, self.layers = target, layers
         self.cache = target.new_cache(memory, target.max_length, static=True)
@@ -133,9 +171,9 @@ class GreedySteps:
         self.position = torch.zeros(1, dtype=torch.long, device=device)
         self.valid_frames = torch.full((), memory.shape[1], device=device)
         self.record = torch.zeros(1 + len(layers), dtype=torch.long, device=device)  # the token, its peak per layer
-        capture = device.type in GRAPH_DEVICES
-        self.first = CapturedStep(self._first, capture)
-        self.next = CapturedStep(self._next, capture)
+        capture = mode.capture(device)
+        self.first = CapturedStep(self._first, capture, mode.compile)
+        self.next = CapturedStep(self._next, capture, mode.compile)
 
     def load(self, memory: Tensor, valid_frames: int) -> None:
         """A new segment, written into the same tensors."""
@@ -179,22 +217,22 @@ class GreedySteps:
 
 
 class CapturedGreedy:
-    """`decode.greedy` as captured steps, a Loop: the same tokens and rows. captured: where the steps are kept between
-    segments and clips (keyed by target and audio length); none: captured anew for every segment."""
+    """`decode.greedy` as static steps, a Loop: the same tokens and rows. captured: where the steps are kept between
+    segments and clips (keyed by target and audio length); none: made anew for every segment."""
 
-    def __init__(self, target: Target, verify_peaks: bool, captured: dict | None = None):
-        self.target, self.captured = target, captured
+    def __init__(self, target: Target, verify_peaks: bool, captured: dict | None = None, mode: StepMode = StepMode()):
+        self.target, self.captured, self.mode = target, captured, mode
         self.layers = tuple(range(target.n_layers)) if verify_peaks else ()
 
     def steps(self, memory: Tensor) -> GreedySteps:
-        key = ("greedy", id(self.target), memory.shape[1], self.layers)
-        return _reused(self.captured, key, lambda: GreedySteps(self.target, memory, self.layers))
+        key = ("greedy", id(self.target), memory.shape[1], self.layers, self.mode)
+        return _reused(self.captured, key, lambda: GreedySteps(self.target, memory, self.layers, self.mode))
 
-    @torch.inference_mode()
     def __call__(self, memory, valid_frames, origin=Origin(), reference=None, on_round=None) -> Decoded:
-        steps = self.steps(memory)
-        steps.load(memory, valid_frames)
-        return steps.run(SegmentRows(self.target, origin, bool(self.layers), len(self.layers)))
+        with self.mode.running():
+            steps = self.steps(memory)
+            steps.load(memory, valid_frames)
+            return steps.run(SegmentRows(self.target, origin, bool(self.layers), len(self.layers)))
 
 
 @dataclass
@@ -223,7 +261,7 @@ class RoundSteps:
     its verification (the root and N nodes, the greedy choices, acceptance, the accepted path moved into place and the
     state for the next round). A round is two replays, so that the device times drafting and verification apart."""
 
-    def __init__(self, target: Target, draft: Draft, memory: Tensor, options: LoopOptions):
+    def __init__(self, target: Target, draft: Draft, memory: Tensor, options: LoopOptions, mode: StepMode = StepMode()):
         device, frames, k, n = memory.device, memory.shape[1], options.k, options.nodes
         self.target, self.draft, self.options, self.k = target, draft, options, k
         self.layers, self.readout = options.attention_layers, options.readout
@@ -255,10 +293,10 @@ class RoundSteps:
                 max(2 + len(self.layers), sum(self.layout.sizes().values())), dtype=torch.float64, device=device
             ),
         )
-        capture = device.type in GRAPH_DEVICES
-        self.first = CapturedStep(self._first, capture)
-        self.propose = CapturedStep(self._propose, capture)
-        self.verify = CapturedStep(self._verify, capture)
+        capture = mode.capture(device)
+        self.first = CapturedStep(self._first, capture, mode.compile)
+        self.propose = CapturedStep(self._propose, capture, mode.compile)
+        self.verify = CapturedStep(self._verify, capture, mode.compile)
 
     def load(self, memory: Tensor, valid_frames: int, reference: list[int | None] | None) -> None:
         """A new segment, written into the same tensors."""
@@ -395,20 +433,27 @@ class RoundSteps:
 
 
 class CapturedSpeculative:
-    """The speculative loop as captured steps, a Loop: the same tokens and rows as `decode.HostSpeculative`.
-    captured: where the steps are kept between segments and clips; none: captured anew for every segment."""
+    """The speculative loop as static steps, a Loop: the same tokens and rows as `decode.HostSpeculative`.
+    captured: where the steps are kept between segments and clips; none: made anew for every segment."""
 
-    def __init__(self, target: Target, draft: Draft, options: LoopOptions, captured: dict | None = None):
-        self.target, self.draft, self.options, self.captured = target, draft, options, captured
+    def __init__(
+        self,
+        target: Target,
+        draft: Draft,
+        options: LoopOptions,
+        captured: dict | None = None,
+        mode: StepMode = StepMode(),
+    ):
+        self.target, self.draft, self.options, self.captured, self.mode = target, draft, options, captured, mode
 
     def steps(self, memory: Tensor) -> RoundSteps:
-        key = ("round", id(self.target), id(self.draft), memory.shape[1], self.options)
-        return _reused(self.captured, key, lambda: RoundSteps(self.target, self.draft, memory, self.options))
+        key = ("round", id(self.target), id(self.draft), memory.shape[1], self.options, self.mode)
+        return _reused(self.captured, key, lambda: RoundSteps(self.target, self.draft, memory, self.options, self.mode))
 
-    @torch.inference_mode()
     def __call__(self, memory, valid_frames, origin=Origin(), reference=None, on_round=None) -> Decoded:
-        steps = self.steps(memory)
-        steps.load(memory, valid_frames, reference)
-        options = self.options
-        rows = SegmentRows(self.target, origin, options.verify_peaks, len(steps.layers), steps.policy, steps.readout)
-        return steps.run(rows, on_round)
+        with self.mode.running():
+            steps = self.steps(memory)
+            steps.load(memory, valid_frames, reference)
+            peaks = self.options.verify_peaks
+            rows = SegmentRows(self.target, origin, peaks, len(steps.layers), steps.policy, steps.readout)
+            return steps.run(rows, on_round)

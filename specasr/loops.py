@@ -30,14 +30,16 @@ class Loop(Protocol):
 
 
 def loop_for(target: Target, draft: Draft | None, settings: Settings, captured: dict | None = None) -> Loop:
-    """The loop `settings` decode with: greedy without a draft, and captured steps where `settings.graphs` (the
-    pipeline keeps those to devices that replay them; elsewhere they run eagerly, which is how they are tested).
-    captured: where captured steps are kept between segments and clips."""
+    """The loop `settings` decode with: greedy without a draft; static steps where `settings.graphs` (captured on
+    devices that replay them, which the pipeline keeps it to; elsewhere run eagerly, which is how they are tested) or
+    `settings.compile`. captured: where static steps are kept between segments and clips."""
+    mode = graphs.StepMode(settings.graphs, bool(settings.compile))
+    static = settings.graphs or mode.compile
     if draft is None:
-        if settings.graphs:
-            return graphs.CapturedGreedy(target, settings.verify_peaks, captured)
+        if static:
+            return graphs.CapturedGreedy(target, settings.verify_peaks, captured, mode)
         return HostGreedy(target, settings.verify_peaks)
     options = LoopOptions.of(settings, target)
-    if settings.graphs:
-        return graphs.CapturedSpeculative(target, draft, options, captured)
+    if static:
+        return graphs.CapturedSpeculative(target, draft, options, captured, mode)
     return HostSpeculative(target, draft, options)

@@ -159,6 +159,7 @@ MIGRATIONS: list[list[str]] = [
         """ALTER TABLE rounds ADD COLUMN drafted INTEGER""",
         *CHAIN_NODES,
     ],
+    ["""ALTER TABLE runs ADD COLUMN compile BOOLEAN DEFAULT false"""],  # whether torch.compile compiled the steps
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

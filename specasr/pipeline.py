@@ -46,7 +46,7 @@ class Pipeline:
         self._peers: dict[tuple, Peer] = {}
         self._references: dict[tuple, ClipReference] = {}
         self._reference_cache_failed = False
-        self._captured: dict = {}  # the loops' captured steps (CUDA graphs), kept across segments and clips
+        self._captured: dict = {}  # the loops' static steps (captured, compiled), kept across segments and clips
 
     def target(self, settings: Settings) -> Target:
         key = (settings.target, settings.device, settings.dtype)
@@ -80,9 +80,12 @@ class Pipeline:
     def resolved(self, settings: Settings) -> Settings:
         """The settings as a decode runs them: a greedy decode carries no draft settings, a speculative one names
         its draft's precision and, with the runtime window, its layer; captured steps only where our loops run on a
-        device that replays them."""
-        replays = settings.decoder == "specasr" and torch.device(settings.device).type in graphs.GRAPH_DEVICES
-        settings = replace(settings, graphs=settings.graphs and replays)
+        device that replays them, and compiled ones where asked or where the device's default says so."""
+        ours, device = settings.decoder == "specasr", torch.device(settings.device).type
+        compile = graphs.COMPILED_BY_DEFAULT.get(device, False) if settings.compile is None else settings.compile
+        settings = replace(
+            settings, graphs=settings.graphs and ours and device in graphs.GRAPH_DEVICES, compile=compile and ours
+        )
         if settings.draft is None:
             peaks = settings.verify_peaks and settings.decoder == "specasr"  # peers record no attention
             return replace(
@@ -177,6 +180,10 @@ class Pipeline:
             verified=verified,
         )
 
+    def compile_seconds(self) -> float:
+        """Seconds torch.compile has spent on the static steps this pipeline keeps."""
+        return graphs.compile_seconds(self._captured)
+
     def device_seconds(self, clip: Clip, settings: Settings, repeats: int = 50) -> dict[str, float]:
         """The device time of the captured steps `settings` decode with, on the clip's first window, each replayed
         back to back (the kernels' own time, no host work between them): a greedy step, or a round's drafting and
@@ -187,8 +194,8 @@ class Pipeline:
         target = self.target(settings)
         memory, valid_frames = self._first_window(clip, target)
         loop = loop_for(target, self.draft(settings), settings, self._captured)
-        steps = loop.steps(memory)
-        with torch.inference_mode():
+        with loop.mode.running():
+            steps = loop.steps(memory)
             if settings.draft is None:
                 steps.load(memory, valid_frames)
                 return {"step": steps.device_seconds(repeats)}

@@ -61,6 +61,7 @@ class Settings:
     decoder: str = "specasr"  # our loops, or a peer timed beside them (DECODERS[1:], specasr.peers)
     assistant: str | None = None  # transformers-assisted's assistant: target-layers, a Whisper folder or hub id
     graphs: bool = True  # our loops replay captured steps where the device runs them (CUDA); False: eager steps
+    compile: bool | None = None  # our loops' steps compiled by torch.compile; None: the device's default
     tree_width: int = 1  # children drafted below each frontier node (specasr.tree); 1: the chain of K proposals
     tree_nodes: int | None = None  # draft-tree nodes verified per round; None: K x tree_width
 

@@ -32,26 +32,42 @@ def random_target(family: str, seed: int, layers: int, heads: int, vocab_size: i
     return random_prefix_target(family, seed, layers, heads, vocab_size, max_length, init_std, kv_heads)
 
 
+DRAWN = {  # a random target, draft, K, tree and window for the lossless property
+    "seed": st.integers(0, 2**16),
+    "layers": st.integers(1, 3),
+    "heads": st.sampled_from([1, 2, 4]),
+    "vocab_size": st.integers(8, 24),
+    "max_length": st.integers(6, 40),
+    "init_std": st.sampled_from([0.02, 0.5]),
+    "constant": st.one_of(st.none(), st.integers(0, 7)),
+    "k": st.integers(1, 16),
+    "window": st.sampled_from(WINDOWS),
+    "audio": st.booleans(),
+    "threshold": st.sampled_from([0.0, 0.0, 0.3]),
+    "valid_frames": st.integers(1, 40),
+    "data": st.data(),
+}
+
+
 @pytest.mark.parametrize("family", ["whisper", "qwen3_asr", "voxtral"])
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    seed=st.integers(0, 2**16),
-    layers=st.integers(1, 3),
-    heads=st.sampled_from([1, 2, 4]),
-    vocab_size=st.integers(8, 24),
-    max_length=st.integers(6, 40),
-    init_std=st.sampled_from([0.02, 0.5]),
-    constant=st.one_of(st.none(), st.integers(0, 7)),
-    k=st.integers(1, 16),
-    window=st.sampled_from(WINDOWS),
-    audio=st.booleans(),
-    threshold=st.sampled_from([0.0, 0.0, 0.3]),
-    valid_frames=st.integers(1, 40),
-    captured=st.booleans(),
-    data=st.data(),
-)
-def test_speculative_equals_greedy_on_random_models(
+@given(captured=st.booleans(), **DRAWN)
+def test_speculative_equals_greedy_on_random_models(family, captured, **drawn):
+    check_lossless(family, captured, False, **drawn)
+
+
+@settings(max_examples=3, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(**DRAWN)
+def test_compiled_speculative_equals_greedy_on_random_models(**drawn):
+    """The same property through steps torch.compile compiled (a few examples: each compiles its three steps)."""
+    torch._dynamo.reset()
+    check_lossless("whisper", True, True, **drawn)
+
+
+def check_lossless(
     family,
+    captured,
+    compile,
     seed,
     layers,
     heads,
@@ -64,7 +80,6 @@ def test_speculative_equals_greedy_on_random_models(
     audio,
     threshold,
     valid_frames,
-    captured,
     data,
 ):
     target = random_target(family, seed, layers, heads, vocab_size, max_length, init_std)
@@ -85,6 +100,7 @@ def test_speculative_equals_greedy_on_random_models(
         runtime_layer=runtime_layer,
         tree_width=width,
         tree_nodes=nodes,
+        compile=compile,
     )
 
     result = run_loop(target, draft, memory, valid_frames, settings, reference, captured)  # CUDA's, run eagerly
@@ -92,7 +108,8 @@ def test_speculative_equals_greedy_on_random_models(
 
     assert tokens == greedy_tokens(target, memory)
     if captured:
-        assert run_loop(target, None, memory, valid_frames, Settings(), captured=True).tokens == tokens
+        greedy_settings = Settings(compile=compile)
+        assert run_loop(target, None, memory, valid_frames, greedy_settings, captured=True).tokens == tokens
     assert len(target.prompt) + len(tokens) <= max_length
     assert len(tokens) <= 1 + sum(r.accepted + 1 for r in rounds)  # the first token comes from the prompt pass
     assert all(1 <= len(r.proposed) <= settings.nodes for r in rounds[:-1])

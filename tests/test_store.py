@@ -345,19 +345,21 @@ SCHEMA_10 = {
     "rounds": ["drafted"],
     "draft_steps": ["node", "parent", "probability"],
 }
+SCHEMA_11 = {"runs": ["compile"]}
 
 
 def before_schema(version: int, frames: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
-    """A run's rows without the columns schema `version` (9 or 10) and later added."""
-    later = [columns for start, columns in ((9, SCHEMA_9), (10, SCHEMA_10)) if start >= version]
+    """A run's rows without the columns schema `version` (9, 10 or 11) and later added."""
+    later = [columns for start, columns in ((9, SCHEMA_9), (10, SCHEMA_10), (11, SCHEMA_11)) if start >= version]
     return {
         table: frame.drop(columns=[c for cs in later for c in cs.get(table, [])]) for table, frame in frames.items()
     }
 
 
 def stored_before_trees(trace: Trace) -> Trace:
-    """A chain's trace as a store written before draft trees gives it back: the same nodes, no probabilities."""
-    settings = replace(trace.settings, tree_nodes=trace.settings.k)
+    """A chain's trace as a store written before draft trees gives it back: the same nodes, no probabilities, and
+    steps that were not compiled."""
+    settings = replace(trace.settings, tree_nodes=trace.settings.k, compile=False)
     return replace(trace, settings=settings, steps=[replace(step, probability=None) for step in trace.steps])
 
 

@@ -146,6 +146,12 @@ def add_clip_options(parser: argparse.ArgumentParser) -> None:
         "--eager", action="store_true", help="run every decoding step from the host (on CUDA: no captured graphs)"
     )
     parser.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        help="compile our loops' steps with torch.compile (inductor) before they run or are captured "
+        "(default: the faster on the device as measured; off on CPU and CUDA today)",
+    )
+    parser.add_argument(
         "--max-seconds",
         type=number(float, 0, above=True),
         default=DEFAULT_MAX_SECONDS,
@@ -291,7 +297,7 @@ def settings(args: argparse.Namespace, draft: str | None = None, **chosen) -> Se
     speculative options the command has; `chosen` stands in for options that hold several values (one K of a
     bench's, a grid's cell) or that a command sets itself."""
     values = {"target": args.target, "device": args.device, "dtype": args.dtype, "max_seconds": args.max_seconds}
-    values["graphs"] = not args.eager
+    values["graphs"], values["compile"] = not args.eager, args.compile
     if draft is not None:
         values |= {name: getattr(args, name) for name in SPECULATIVE_FIELDS if hasattr(args, name)} | {"draft": draft}
     return checked(Settings, **(values | chosen))

@@ -46,7 +46,8 @@ class VocabularyHead:
         rows = states.reshape(-1, states.shape[-1])
         if banned is not None:
             banned = banned.expand(*states.shape[:-1], self.weight.shape[0]).reshape(rows.shape[0], -1)
-        found = self.screen.candidates(rows, banned) if self.screen is not None else None
+        screened = self.screen is not None and not torch.compiler.is_compiling()  # its candidates vary in number
+        found = self.screen.candidates(rows, banned) if screened else None
         if found is None:
             scores = vocabulary_logits(rows, self.weight)
             if banned is not None:

@@ -21,7 +21,8 @@ def packable(weight: Tensor) -> bool:
 class PackedLinears:
     """`linears(layer, x)` is `layer(x)`, through oneDNN where the weight is `packable`: packed on first use and
     again once the weight has changed (a weight made under inference mode counts no changes in place). While
-    autograd records a product that needs gradients, the plain layer.
+    autograd records a product that needs gradients, or torch.compile traces it (inductor packs its own), the plain
+    layer.
 
     The layers stay as they are (a peer may run the same model through its own forward); a packed copy is the
     layer's weight once more in memory.
@@ -33,7 +34,7 @@ class PackedLinears:
     def __call__(self, layer: nn.Linear, x: Tensor) -> Tensor:
         weight = layer.weight
         recording = torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad)
-        if recording or x.dtype != weight.dtype or not packable(weight):
+        if recording or torch.compiler.is_compiling() or x.dtype != weight.dtype or not packable(weight):
             return layer(x)
         stamp = (0 if weight.is_inference() else weight._version, weight.data_ptr())  # inference tensors keep none
         stamped = self._packed.get(layer)

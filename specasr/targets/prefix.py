@@ -148,7 +148,7 @@ class PrefixTarget(Target):
 
     # the cached decoder
 
-    @torch.inference_mode()
+    @torch.no_grad()  # inference mode comes from the loop; compiled steps run without it
     def new_cache(self, memory: Tensor, capacity: int | None = None, static: bool = False) -> PrefixCache:
         """Runs the text before the audio and the audio itself once; the prompt comes next."""
         head = self._llm.embed_tokens(torch.tensor([self.head], device=memory.device)).expand(memory.shape[0], -1, -1)
@@ -169,7 +169,7 @@ class PrefixTarget(Target):
         cache.prefix, cache.static = n_prefix, static
         return cache
 
-    @torch.inference_mode()
+    @torch.no_grad()  # inference mode comes from the loop; compiled steps run without it
     def forward(
         self,
         tokens: Tensor,

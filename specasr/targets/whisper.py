@@ -152,7 +152,7 @@ class WhisperTarget(Target):
 
     # the cached decoder
 
-    @torch.inference_mode()
+    @torch.no_grad()  # inference mode comes from the loop; compiled steps run without it
     def new_cache(self, memory: Tensor, capacity: int | None = None, static: bool = False) -> KVCache:
         """Empty self-attention cache, and cross-attention keys/values computed once for this clip."""
         batch, capacity = memory.shape[0], capacity or self.max_length
@@ -176,7 +176,7 @@ class WhisperTarget(Target):
     def _merge_heads(self, x: Tensor) -> Tensor:
         return x.transpose(1, 2).reshape(x.shape[0], x.shape[2], self.d_model)
 
-    @torch.inference_mode()
+    @torch.no_grad()  # inference mode comes from the loop; compiled steps run without it
     def forward(
         self,
         tokens: Tensor,
