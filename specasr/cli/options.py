@@ -149,7 +149,7 @@ def add_clip_options(parser: argparse.ArgumentParser) -> None:
         "--compile",
         action=argparse.BooleanOptionalAction,
         help="compile our loops' steps with torch.compile (inductor) before they run or are captured "
-        "(default: the faster on the device as measured; off on CPU and CUDA today)",
+        "(default: off; compiled steps were slower on a CPU and are not yet measured on CUDA)",
     )
     parser.add_argument(
         "--max-seconds",
