@@ -10,6 +10,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from specasr.audio import Clip
+from specasr.graphs import StepCost
 from specasr.intervals import aa_table, timed_ratio
 from specasr.metrics import acceptance, loop_costs, passes_per_round, predicted_round_speedup, rho
 from specasr.pipeline import Pipeline
@@ -25,7 +26,8 @@ class ArmResult:
     settings: Settings
     traces: list[Trace] = field(default_factory=list)
     repeats: list[int] = field(default_factory=list)
-    device_seconds: dict[str, float] = field(default_factory=dict)  # its captured steps replayed back to back
+    steps: dict[str, StepCost] = field(default_factory=dict)  # its static steps, replayed back to back
+    plain_steps: dict[str, StepCost] = field(default_factory=dict)  # a compiled arm's steps, uncompiled
     compile_seconds: float = 0.0  # torch.compile's work on its steps, in its warm-up decode
     pass_costs: tuple[float, float] | None = None  # a speculative arm's v(N) and rho(W), in target steps
     float32_agreement: tuple[float, int] | None = None  # token share, clips alike: against float32 greedy
@@ -95,7 +97,9 @@ def benchmark(
                 results[name].traces.append(pipeline.decode(clip, settings))
                 results[name].repeats.append(repeat)
     for name, settings in arms.items():
-        results[name].device_seconds = pipeline.device_seconds(clips[0], settings)
+        results[name].steps = pipeline.step_costs(clips[0], settings)
+        if results[name].settings.compile:
+            results[name].plain_steps = pipeline.step_costs(clips[0], settings, compiled=False)
         if settings.draft is not None:
             results[name].pass_costs = pipeline.pass_costs(clips[len(clips) // 2], settings)
     if any(result.settings.dtype != "float32" for result in results.values()):
@@ -151,10 +155,11 @@ def summary(table: pd.DataFrame, results: dict[str, ArmResult]) -> pd.DataFrame:
     in the loop in greedy steps, the share of the decode phase outside draft and verification passes, and the
     model's speedup with that share put back.
 
-    Where an arm's steps are compiled: the seconds torch.compile took in its warm-up (none where an arm before it
-    compiled the same steps). Where an arm replays captured steps: their device time alone (a greedy step, or a
-    round's drafting and verification), the decode phase's wall time per step (per token, or per round; from the
-    medians over repetitions, as every time here), and the host's share of it.
+    Where an arm decodes with static steps (a greedy step, or a round's drafting and verification): each step's
+    device time alone and the kernels it launches (graphs.step_costs), the decode phase's wall time per step (per
+    token, or per round; from the medians over repetitions, as every time here), and the host's share of it. Where
+    they are compiled: the seconds torch.compile took in the arm's warm-up (none where an arm before it compiled the
+    same steps), and the same steps' time and kernels uncompiled.
     Where arms ran in another precision: each arm's agreement with float32 greedy.
 
     Acceptance is counted on the first repetition (every repetition decodes the same tokens); the costs on all of
@@ -188,12 +193,13 @@ def summary(table: pd.DataFrame, results: dict[str, ArmResult]) -> pd.DataFrame:
             row |= dict(zip(("float32_token_agreement", "float32_same_clips"), result.float32_agreement, strict=True))
         if result.settings.compile:
             row["compile_s"] = result.compile_seconds
-        if result.device_seconds:
+        if result.steps:
             steps = sum(len(t.rounds) for t in first) if result.settings.draft is not None else tokens
-            row |= {f"device_ms_{step}": 1000 * seconds for step, seconds in result.device_seconds.items()}
-            row["device_ms"] = 1000 * sum(result.device_seconds.values())
+            row |= _step_columns(result.steps, "device")
             row["wall_ms"] = 1000 * decode / steps
             row["host_share"] = 1 - row["device_ms"] / row["wall_ms"]
+        if result.plain_steps:
+            row |= _step_columns(result.plain_steps, "plain")
         if result.settings.draft is not None:
             accepted, measured_rho = acceptance(first), rho(result.traces)
             row |= {"L": accepted.L, "a1": accepted.a1, "a2c": accepted.a2c, "rho": measured_rho}
@@ -205,6 +211,12 @@ def summary(table: pd.DataFrame, results: dict[str, ArmResult]) -> pd.DataFrame:
             row["accounted_speedup"] = costs.accounted_speedup(model)
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _step_columns(steps: dict[str, StepCost], prefix: str) -> dict[str, float]:
+    columns = {f"{prefix}_ms_{name}": 1000 * cost.seconds for name, cost in steps.items()}
+    columns |= {f"{prefix}_kernels_{name}": cost.kernels for name, cost in steps.items()}
+    return columns | {f"{prefix}_ms": 1000 * sum(cost.seconds for cost in steps.values())}
 
 
 def aa_check(results: dict[str, ArmResult]) -> pd.DataFrame:

@@ -24,6 +24,7 @@ from torch import Tensor
 from specasr import tree
 from specasr.decode import LoopOptions, Stopwatch, node_limit, verification_peaks
 from specasr.draft import Draft, DraftOutput
+from specasr.profiling import count_kernels
 from specasr.records import Decoded, Origin, Outcome, RoundRecord, SegmentRows
 from specasr.targets import Target
 from specasr.targets.base import DecoderOutput, audio_peaks
@@ -44,8 +45,8 @@ class CapturedStep:
 
     def __init__(self, step: Callable[[], None], capture: bool, compile: bool = False, warmup: int = 2):
         self.step, self.graph, self.compile_seconds = step, None, 0.0
-        if compile:
-            self.step = torch.compile(step, fullgraph=True)
+        if compile:  # a CPU's compiled kernels named to the profiler too, so that they can be counted
+            self.step = torch.compile(step, fullgraph=True, options={"cpp.enable_kernel_profile": True})
             start = time.perf_counter()
             with torch._dynamo.config.patch(recompile_limit=MOST_COMPILED_SHAPES, fail_on_recompile_limit_hit=True):
                 self.step()
@@ -56,11 +57,11 @@ class CapturedStep:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # kernels choose their algorithms and workspaces outside the graph
             for _ in range(warmup):
-                step()
+                self.step()
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
-            step()
+            self.step()
 
     def __call__(self) -> None:
         if self.graph is None:
@@ -119,10 +120,18 @@ def compile_seconds(kept: dict) -> float:
     return sum(step.compile_seconds for step in made if isinstance(step, CapturedStep))
 
 
-def replay_seconds(steps: list[CapturedStep], inputs: list[Tensor], repeats: int) -> list[float]:
-    """Median device seconds of each step, the steps replayed back to back `repeats` times from the same `inputs`
-    (restored before each repetition, outside the timing, and at the end): the kernels' own time, without the host's
-    gaps."""
+@dataclass(frozen=True)
+class StepCost:
+    """One static step: its median device seconds, replayed back to back with the loop's other steps (the kernels'
+    own time, without the host's gaps), and the kernels one uncaptured run of it launches (profiling.count_kernels)."""
+
+    seconds: float
+    kernels: int
+
+
+def step_costs(steps: dict[str, CapturedStep], inputs: list[Tensor], repeats: int) -> dict[str, StepCost]:
+    """Each step's cost, the steps replayed back to back `repeats` times from the same `inputs` (restored before each
+    repetition, outside the timing, and at the end), then run once more each, uncaptured, under the profiler."""
     saved = [t.clone() for t in inputs]
 
     def restore() -> None:
@@ -134,12 +143,17 @@ def replay_seconds(steps: list[CapturedStep], inputs: list[Tensor], repeats: int
     for _ in range(repeats):
         restore()
         row = [stopwatch.mark()]
-        for step in steps:
+        for step in steps.values():
             step()
             row.append(stopwatch.mark())
         marks.append(row)
     restore()
-    return [statistics.median(stopwatch.seconds(row[i], row[i + 1]) for row in marks) for i in range(len(steps))]
+    kernels = [count_kernels(step.step) for step in steps.values()]
+    restore()
+    return {
+        name: StepCost(statistics.median(stopwatch.seconds(row[i], row[i + 1]) for row in marks), kernels[i])
+        for i, name in enumerate(steps)
+    }
 
 
 @dataclass(frozen=True)
@@ -212,10 +226,10 @@ class GreedySteps:
             if rows.verified([token], peaks) or len(rows.tokens) == most:
                 return rows.result
 
-    def device_seconds(self, repeats: int = 50) -> float:
-        """Median device seconds of one token's step."""
+    def costs(self, repeats: int = 50) -> dict[str, StepCost]:
+        """One token's step, after the prompt's pass."""
         self.first()
-        return replay_seconds([self.next], [self.token, self.position], repeats)[0]
+        return step_costs({"step": self.next}, [self.token, self.position], repeats)
 
 
 class CapturedGreedy:
@@ -424,14 +438,12 @@ class RoundSteps:
         self.verify()
         return start, drafted, stopwatch.mark()
 
-    def device_seconds(self, repeats: int = 50) -> tuple[float, float]:
-        """Median device seconds of a round's drafting and verification, replayed back to back from the state after
-        the prompt's pass."""
+    def costs(self, repeats: int = 50) -> dict[str, StepCost]:
+        """A round's drafting and verification, from the state after the prompt's pass."""
         self.first()
         state = self.state
         inputs = [state.verified, state.last, state.features, state.inputs]
-        drafting, verification = replay_seconds([self.propose, self.verify], inputs, repeats)
-        return drafting, verification
+        return step_costs({"draft": self.propose, "verify": self.verify}, inputs, repeats)
 
 
 class CapturedSpeculative:

@@ -184,12 +184,18 @@ class Pipeline:
         """Seconds torch.compile has spent on the static steps this pipeline keeps."""
         return graphs.compile_seconds(self._captured)
 
-    def device_seconds(self, clip: Clip, settings: Settings, repeats: int = 50) -> dict[str, float]:
-        """The device time of the captured steps `settings` decode with, on the clip's first window, each replayed
-        back to back (the kernels' own time, no host work between them): a greedy step, or a round's drafting and
-        verification. Empty where the settings replay no captured steps."""
+    def step_costs(
+        self, clip: Clip, settings: Settings, repeats: int = 50, compiled: bool | None = None
+    ) -> dict[str, graphs.StepCost]:
+        """The static steps `settings` decode with, on the clip's first window, each one's device time replayed back
+        to back and the kernels it launches (graphs.step_costs): a greedy step, or a round's drafting and
+        verification. compiled: the same steps compiled or not whatever the settings say (static steps either way,
+        captured where the device replays them). Empty where the settings decode with no static steps."""
         settings = self.resolved(settings)
-        if not settings.graphs:
+        if compiled is not None:
+            static = settings.graphs or settings.compile
+            settings = replace(settings, graphs=static, compile=compiled and settings.decoder == "specasr")
+        if not (settings.graphs or settings.compile):
             return {}
         target = self.target(settings)
         memory, valid_frames = self._first_window(clip, target)
@@ -198,10 +204,9 @@ class Pipeline:
             steps = loop.steps(memory)
             if settings.draft is None:
                 steps.load(memory, valid_frames)
-                return {"step": steps.device_seconds(repeats)}
-            steps.load(memory, valid_frames, [])  # no window needs its reference frames to be timed
-            drafting, verification = steps.device_seconds(repeats)
-            return {"draft": drafting, "verify": verification}
+            else:
+                steps.load(memory, valid_frames, [])  # no window needs its reference frames to be timed
+            return steps.costs(repeats)
 
     def pass_costs(self, clip: Clip, settings: Settings, repeats: int = 20) -> tuple[float, float]:
         """The cost model's v(N) and rho(W) for a speculative decode's tree (profiling.pass_costs), on the clip's first

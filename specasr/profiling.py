@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from specasr import tree
@@ -18,6 +19,23 @@ from specasr.targets import Target
 KINDS = ("self-attention", "cross-attention", "linear", "lm head", "other")
 MATRIX_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear", "mkldnn::_linear_pointwise"}
 HEAD_OPS = {"quantized::linear_dynamic_fp16"}  # only the target's float16 screen (specasr.targets.head) runs these
+# Leaf ops that move no data: views, allocations and the conjugate's bookkeeping
+NO_KERNEL_OPS = {
+    "aten::alias",
+    "aten::as_strided",
+    "aten::empty",
+    "aten::empty_strided",
+    "aten::expand",
+    "aten::permute",
+    "aten::resolve_conj",
+    "aten::resolve_neg",
+    "aten::select",
+    "aten::slice",
+    "aten::t",
+    "aten::transpose",
+    "aten::unsqueeze",
+    "aten::view",
+}
 ATTENTION_OPS = {"aten::softmax", "aten::_softmax", "aten::bmm", "aten::matmul"}
 
 
@@ -38,6 +56,23 @@ def op_kind(name: str, input_shapes: list, shapes: Shapes) -> str:
     if "attention" in name or (name in ATTENTION_OPS and sizes & shapes.frames):
         return "cross-attention" if sizes & shapes.frames else "self-attention"
     return "linear" if name in MATRIX_OPS else "other"
+
+
+def count_kernels(run: Callable[[], None]) -> int:
+    """The kernels one call of `run` launches: on CUDA, the device's kernels, copies and fills; on a CPU, the ops and
+    torch.compile's fused loops (where compiled with kernel profiling) that the profiler records without children,
+    except ops that move no data."""
+    cuda = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as profiler:
+        run()
+        if cuda:
+            torch.cuda.synchronize()
+    events = profiler.events()
+    if any(event.device_type == DeviceType.CUDA for event in events):
+        return sum(event.device_type == DeviceType.CUDA for event in events)
+    leaves = [event.name for event in events if not event.cpu_children]
+    return sum(("::" in name or "cpp_fused" in name) and name not in NO_KERNEL_OPS for name in leaves)
 
 
 def _median_ms(run: Callable[[], None], repeats: int, device: torch.device) -> float:

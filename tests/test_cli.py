@@ -85,6 +85,10 @@ def test_bench_prints_a_table_and_summary(capsys, speech):
     assert main(["bench", "--clips", "1", "--repeats", "1", "--k", "1,2", "--draft", "random"]) == 0
     out = capsys.readouterr().out
     for column in (
+        "greedy compiled",  # beside the default greedy loop, which a CPU runs plainly
+        "compile_s",
+        "device_kernels_step",
+        "plain_kernels_step",
         "random K=1",
         "random K=2",
         "baseline: greedy",
@@ -102,13 +106,13 @@ def test_bench_prints_a_table_and_summary(capsys, speech):
     ):
         assert column in out
     assert "warning: one timing repetition per clip" in out
-    assert sum(line.startswith("stored ") for line in out.splitlines()) == 4  # greedy, its A/A copy, one run per K
+    assert sum(line.startswith("stored ") for line in out.splitlines()) == 5  # greedy twice, its A/A copy, one per K
 
 
 def test_bench_times_peers_beside_our_loops_as_json(capsys, speech):
     peers = "transformers,transformers-assisted"
     argv = ["bench", "--clips", "1", "--repeats", "1", "--k", "2", "--draft", "random", "--peers", peers]
-    assert main([*argv, "--json"]) == 0
+    assert main([*argv, "--no-compile", "--json"]) == 0
     record = json.loads(capsys.readouterr().out, parse_constant=pytest.fail)  # no NaN in the JSON
     summary = {row["arm"]: row for row in record["summary"]}
     assert list(summary) == ["greedy", "transformers", "transformers-assisted", "random", "greedy (A/A)"]

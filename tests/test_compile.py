@@ -1,5 +1,6 @@
-"""Compiled steps (torch.compile, inductor): the same tokens and rows as the static steps run plainly, segment after
-segment of different lengths without compiling again. Kept to one tiny random Whisper: each step compiles in seconds."""
+"""Compiled steps (torch.compile, inductor): the same tokens and rows as the static steps run plainly (captured, where
+CUDA exists, either way), segment after segment of different lengths without compiling again. Kept to one tiny
+random Whisper: each step compiles in seconds."""
 
 import os
 import subprocess
@@ -31,21 +32,25 @@ def _rounds(result) -> list[tuple]:
     return [(r.start, r.proposed, r.accepted, r.target_token, r.drafted) for r in result.rounds]
 
 
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
 @pytest.mark.parametrize(
     ("draft", "shape"),
     [(None, {}), ("random", {"k": 3, "window": "runtime"}), ("random", {"k": 3, "tree_width": 3, "tree_nodes": 6})],
     ids=["greedy", "chain", "tree"],
 )
-def test_compiled_steps_equal_the_plain_ones_and_compile_once(draft, shape):
-    target, random_draft, _ = _target_and_draft()
+def test_compiled_steps_equal_the_plain_ones_and_compile_once(draft, shape, device):
+    target, random_draft, _ = _target_and_draft(device)
     loop_draft = random_draft if draft else None
     plain = Settings(draft=draft, **shape)
     compiled, kept = replace(plain, compile=True), {}
     for seed, valid_frames in SEGMENTS:
-        memory = torch.randn(1, 40, target.d_model, generator=torch.Generator().manual_seed(seed))
+        memory = torch.randn(1, 40, target.d_model, generator=torch.Generator().manual_seed(seed)).to(device)
         reference = [min(2 * i, valid_frames - 1) for i in range(40)]
         expected = run_loop(target, loop_draft, memory, valid_frames, plain, reference, captured=True)
-        result = run_loop(target, loop_draft, memory, valid_frames, compiled, reference, kept=kept)
+        result = run_loop(target, loop_draft, memory, valid_frames, compiled, reference, captured=True, kept=kept)
         assert result.tokens == expected.tokens == decode.greedy(target, memory, valid_frames).tokens
         assert _rounds(result) == _rounds(expected)
         assert [(s.token, s.depth, s.accepted, s.window_centre) for s in result.steps] == [

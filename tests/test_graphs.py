@@ -151,18 +151,22 @@ def test_the_loops_stop_at_the_length_limit():
     assert run_loop(target, None, memory, 40, Settings(), captured=True).tokens == expected
 
 
-def test_device_seconds_replay_from_a_restored_state():
-    """Timing replays leave the state as the prompt's pass left it, and time each step."""
+def test_step_costs_replay_from_a_restored_state():
+    """Timing replays and counting kernels leave the state as the prompt's pass left it, and cost each step."""
     target, draft, memory = _target_and_draft()
     with torch.inference_mode():
         options = LoopOptions.of(Settings(draft="random", k=3), target)
         rounds = graphs.CapturedSpeculative(target, draft, options).steps(memory)
         rounds.load(memory, 30, None)
-        drafting, verification = rounds.device_seconds(repeats=3)
-        assert drafting > 0 and verification > 0 and rounds.state.verified.tolist() == [1]
+        costs = rounds.costs(repeats=3)
+        assert list(costs) == ["draft", "verify"] and rounds.state.verified.tolist() == [1]
         greedy = graphs.CapturedGreedy(target, verify_peaks=False).steps(memory)
         greedy.load(memory, 30)
-        assert greedy.device_seconds(repeats=3) > 0 and greedy.position.tolist() == [len(target.prompt)]
+        (step,) = greedy.costs(repeats=3).values()
+        assert greedy.position.tolist() == [len(target.prompt)]
+        for cost in [*costs.values(), step]:
+            assert cost.seconds > 0 and cost.kernels > 0
+        assert costs["verify"].kernels > step.kernels  # the same target pass, with acceptance and the next state
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")

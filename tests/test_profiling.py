@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from specasr.draft import random_draft
-from specasr.profiling import KINDS, Shapes, op_kind, pass_costs, profile_round
+from specasr.profiling import KINDS, Shapes, count_kernels, op_kind, pass_costs, profile_round
 from tests.conftest import random_whisper_target
 
 SHAPES = Shapes(vocabularies=frozenset({51864, 4096}), frames=frozenset({1500, 170}))
@@ -26,6 +26,20 @@ SHAPES = Shapes(vocabularies=frozenset({51864, 4096}), frames=frozenset({1500, 1
 )
 def test_op_kinds_follow_the_input_sizes(name, input_shapes, kind):
     assert op_kind(name, input_shapes, SHAPES) == kind
+
+
+def test_kernels_are_the_ops_that_move_data_and_compiling_fuses_them():
+    x = torch.randn(4, 8)
+
+    def step() -> torch.Tensor:
+        return (x.view(8, 4).t() * 2 + 1).relu()  # a view and a transpose, then three element-wise ops
+
+    assert count_kernels(step) == 3
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, options={"cpp.enable_kernel_profile": True})
+    assert torch.equal(compiled(), step())
+    assert count_kernels(compiled) == 1  # one fused loop
+    torch._dynamo.reset()
 
 
 def test_profile_of_a_round_on_a_random_target():

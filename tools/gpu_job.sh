@@ -2,13 +2,15 @@
 # The last call of a GPU job (tools/gpu_stage.py): join the pieces the earlier calls left in /tmp/stage, check and
 # unpack them, install the carried wheels, put weights, drafts and caches where specasr looks, and run the job.
 # Logs go to $OUT; the tables print last.
-#   bash tools/gpu_job.sh [float16|float32|2x2|trees]
+#   bash tools/gpu_job.sh [float16|float32|2x2|trees|compile]
 # float16: the CUDA graph tests, then per target the peers bench (graphed and eager greedy, generate, assisted, the
 #   shipped drafts at K 2,4,8; ms/token, host share, agreement with float32 greedy), then a 30 s clip's phases.
 # float32: per target, graphed greedy against eager greedy, generate and one draft, token for token.
 # 2x2: the tiny.en training 2x2 (tools/gpu_2x2.py) from a stage made by tools/gpu_stage.py --job 2x2.
 # trees: the CUDA graph tests (chains and trees), then per target the control draft's chains against draft trees of
 #   width 4 and 8 or 16 nodes at K 2,4,8, captured, float16, against graphed greedy (20 clips x 3).
+# compile: the CUDA graph and compile tests, then per target greedy compiled, plain and eager beside the control
+#   draft's chain and a width-4 tree of 8 nodes at K=4, compiled and captured, float16 (20 clips x 3).
 set -uo pipefail
 job=${1:-float16}
 stage=/tmp/stage out=${OUT:-/tmp/out}
@@ -36,6 +38,19 @@ if [ "$job" = trees ]; then
             || tail -20 $out/log.txt
     done
     python3 tools/gpu_tables.py $out/whisper-tiny.en-trees.json $out/whisper-base-trees.json | tee $out/tables.txt
+    exit
+fi
+if [ "$job" = compile ]; then
+    python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_graphs.py tests/test_compile.py -k "replays or compiled" \
+        >$out/graphs.txt 2>&1
+    tail -3 $out/graphs.txt
+    for target in whisper-tiny.en whisper-base; do
+        python3 -m specasr bench --device cuda --dtype float16 --draft-dtype float16 --target $target --compile \
+            --draft $target/control --k 4 --tree-width 1,4 --tree-nodes 8 --speech-dir $stage/speech \
+            --clips 20 --repeats 3 --db $out/runs.duckdb --json 2>>$out/log.txt >$out/$target-compile.json \
+            || tail -20 $out/log.txt
+    done
+    python3 tools/gpu_tables.py $out/whisper-tiny.en-compile.json $out/whisper-base-compile.json | tee $out/tables.txt
     exit
 fi
 if [ "$job" = float32 ]; then

@@ -1,7 +1,8 @@
 """Markdown tables from `python -m specasr bench --json` records, one record per line (tools/gpu_job.sh): per target
 every arm's milliseconds per token, its speedups over the baseline (the fastest greedy loop of ours) with their
 intervals, acceptance, the cost model's speedup, the host's share of a captured step and agreement with float32
-greedy; for one-clip benches, the phase split.
+greedy; each static step's device time and kernels (compiled and plain, where compiled); for one-clip benches, the
+phase split.
 
     python tools/gpu_tables.py BENCH.json [...]
 """
@@ -36,6 +37,24 @@ def arms_table(record: dict) -> list[str]:
     return lines
 
 
+def steps_table(record: dict) -> list[str]:
+    lines = ["| arm | step | ms | kernels | plain ms | plain kernels | compile s |", "|---|---|---|---|---|---|---|"]
+    for row in record["summary"]:
+        steps = [
+            key.removeprefix("device_kernels_")
+            for key, value in row.items()
+            if key.startswith("device_kernels_") and value is not None
+        ]
+        for step in steps:
+            plain = [row.get(f"plain_{what}_{step}") for what in ("ms", "kernels")]
+            lines.append(
+                f"| {row['arm']} | {step} | {number(row[f'device_ms_{step}'], 3)} "
+                f"| {number(row[f'device_kernels_{step}'], 0)} | {number(plain[0], 3)} | {number(plain[1], 0)} "
+                f"| {number(row.get('compile_s'), 1)} |"
+            )
+    return lines
+
+
 def phases_table(record: dict) -> list[str]:
     lines = ["| arm | features ms | encoder ms | decode ms | total ms | tokens |", "|---|---|---|---|---|---|"]
     for row in record["clips"]:
@@ -57,6 +76,8 @@ def main(paths: list[str]) -> None:
             run = next(iter(record["runs"].values()), None) if record["runs"] else None
             print(f"\n{path}: {len(clips)} clips{f', first run {run}' if run else ''}")
             print("\n".join(phases_table(record) if len(clips) == 1 else arms_table(record)))
+            if any(row.get("device_ms") for row in record["summary"]):
+                print("\n" + "\n".join(steps_table(record)))
 
 
 if __name__ == "__main__":

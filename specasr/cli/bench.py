@@ -95,14 +95,17 @@ def _shapes(args: argparse.Namespace) -> str:
 
 
 def _arms(args: argparse.Namespace, pipeline: Pipeline) -> dict[str, Settings]:
-    """Our greedy loop (eager beside it where the device replays captured steps, and plain beside it where its steps
-    are compiled), the peers, and every draft at every K and tree."""
+    """Our greedy loop with its other variants beside it (eager where the device replays captured steps; plain where
+    its steps are compiled, and compiled where they are not unless --no-compile says so), the peers, and every draft
+    at every K and tree."""
     arms = {"greedy": settings(args)}
     greedy = pipeline.resolved(arms["greedy"])
     if greedy.graphs:
         arms["greedy eager"] = replace(arms["greedy"], graphs=False, compile=False)
     if greedy.compile:
         arms["greedy plain"] = replace(arms["greedy"], compile=False)
+    elif args.compile is None:
+        arms["greedy compiled"] = replace(arms["greedy"], compile=True)
     for peer in args.peers:
         assistant = args.assistant if peer == "transformers-assisted" else None
         arms[peer] = replace(arms["greedy"], decoder=peer, assistant=assistant)
