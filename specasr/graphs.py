@@ -97,11 +97,15 @@ class HostReads:
 
 
 def _copy_into(buffers, values) -> None:
-    """Every tensor field of a dataclass copied into the same field of another; other fields assigned."""
+    """Every tensor field of a dataclass (or tuple of tensors: a cache's layers) copied into the same field of
+    another; other fields assigned."""
     for field in fields(buffers):
         buffer, value = getattr(buffers, field.name), getattr(values, field.name)
         if isinstance(buffer, Tensor):
             buffer.copy_(value)
+        elif isinstance(buffer, tuple):
+            for tensor, layer in zip(buffer, value, strict=True):
+                tensor.copy_(layer)
         else:
             setattr(buffers, field.name, value)
 

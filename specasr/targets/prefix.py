@@ -44,11 +44,12 @@ WINDOW_SECONDS = 30  # audio per encoder pass, as for Whisper: long clips are de
 
 @dataclass
 class PrefixCache:
-    """Keys/values (layers, batch, kv_heads, positions, head_dim) of the prefix (text before the audio, the audio)
-    followed by the prompt and transcript; `length` counts the latter only, so the loops roll back as for Whisper."""
+    """Keys/values, a tensor per layer (batch, kv_heads, positions, head_dim; written in place, as Whisper's), of the
+    prefix (text before the audio, the audio) followed by the prompt and transcript; `length` counts the latter only,
+    so the loops roll back as for Whisper."""
 
-    keys: Tensor
-    values: Tensor
+    keys: tuple[Tensor, ...]
+    values: tuple[Tensor, ...]
     prefix: int  # positions before the prompt
     audio: slice  # positions of the audio frames
     length: int = 0
@@ -56,10 +57,10 @@ class PrefixCache:
 
     @property
     def capacity(self) -> int:
-        return self.keys.shape[3] - self.prefix
+        return self.keys[0].shape[2] - self.prefix
 
     def move(self, source: Tensor, destination: Tensor) -> None:
-        move_rows((self.keys, self.values), self.prefix + source, self.prefix + destination, dim=3)
+        move_rows((*self.keys, *self.values), self.prefix + source, self.prefix + destination, dim=2)
 
 
 def _rotate_half(x: Tensor) -> Tensor:
@@ -154,16 +155,9 @@ class PrefixTarget(Target):
         head = self._llm.embed_tokens(torch.tensor([self.head], device=memory.device)).expand(memory.shape[0], -1, -1)
         prefix = torch.cat([head, memory.to(head.dtype)], dim=1)
         n_prefix = prefix.shape[1]
-        shape = (
-            self.n_layers,
-            memory.shape[0],
-            self.n_kv_heads,
-            n_prefix + (capacity or self.max_length),
-            self.head_dim,
-        )
-        cache = PrefixCache(
-            head.new_zeros(shape), head.new_zeros(shape), prefix=0, audio=slice(len(self.head), n_prefix)
-        )
+        shape = (memory.shape[0], self.n_kv_heads, n_prefix + (capacity or self.max_length), self.head_dim)
+        keys, values = (tuple(head.new_zeros(shape) for _ in range(self.n_layers)) for _ in range(2))
+        cache = PrefixCache(keys, values, prefix=0, audio=slice(len(self.head), n_prefix))
         steps = torch.arange(n_prefix, device=memory.device)
         self._layers(prefix, cache, steps, steps, attention_mask(steps, n_prefix, None), (), ())
         cache.prefix, cache.static = n_prefix, static
@@ -180,7 +174,7 @@ class PrefixTarget(Target):
         tree: TreeRows | None = None,
     ) -> DecoderOutput:
         slots, end = step_positions(cache, tokens.shape[1], positions, tokens.device)
-        visible = cache.keys.shape[3] if cache.static else cache.prefix + end
+        visible = cache.keys[0].shape[2] if cache.static else cache.prefix + end
         slots, at = cache.prefix + slots, cache.prefix + (slots if tree is None else tree.positions)
         mask = attention_mask(slots, visible, tree, offset=cache.prefix)
         x, tapped, rows = self._layers(self._llm.embed_tokens(tokens), cache, slots, at, mask, taps, attention_layers)
@@ -220,7 +214,7 @@ class PrefixTarget(Target):
             q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
             cache.keys[i].index_copy_(2, slots, k)
             cache.values[i].index_copy_(2, slots, attn.v_proj(h).view(batch, n_new, -1, self.head_dim).transpose(1, 2))
-            keys, values = cache.keys[i, :, :, :visible], cache.values[i, :, :, :visible]
+            keys, values = cache.keys[i][:, :, :visible], cache.values[i][:, :, :visible]
             if i in attention_layers:
                 groups = self.n_heads // self.n_kv_heads
                 keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)

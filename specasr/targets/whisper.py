@@ -36,13 +36,14 @@ WINDOW_FRAMES = 1500  # encoder frames in one 30 s window
 class KVCache:
     """Self-attention keys/values up to a fixed capacity, and one clip's cross-attention keys/values.
 
-    Shapes: (layers, batch, heads, positions, head_dim). Entries at or beyond `length` are stale;
-    rolling back is just lowering `length`. A static cache is always attended whole, under a mask, so that a step's
-    shapes never change (CUDA graphs).
+    Shapes: the self-attention's a tensor per layer (batch, heads, positions, head_dim), so that a compiled step writes
+    a layer in place rather than copying a stacked cache whole; the cross-attention's (layers, batch, heads, frames,
+    head_dim). Entries at or beyond `length` are stale; rolling back is just lowering `length`. A static cache is
+    always attended whole, under a mask, so that a step's shapes never change (CUDA graphs).
     """
 
-    self_keys: Tensor
-    self_values: Tensor
+    self_keys: tuple[Tensor, ...]
+    self_values: tuple[Tensor, ...]
     cross_keys: Tensor
     cross_values: Tensor
     length: int = 0
@@ -50,10 +51,10 @@ class KVCache:
 
     @property
     def capacity(self) -> int:
-        return self.self_keys.shape[3]
+        return self.self_keys[0].shape[2]
 
     def move(self, source: Tensor, destination: Tensor) -> None:
-        move_rows((self.self_keys, self.self_values), source, destination, dim=3)
+        move_rows((*self.self_keys, *self.self_values), source, destination, dim=2)
 
 
 class WhisperTarget(Target):
@@ -156,15 +157,15 @@ class WhisperTarget(Target):
     def new_cache(self, memory: Tensor, capacity: int | None = None, static: bool = False) -> KVCache:
         """Empty self-attention cache, and cross-attention keys/values computed once for this clip."""
         batch, capacity = memory.shape[0], capacity or self.max_length
-        shape = (self.n_layers, batch, self.n_heads, capacity, self.head_dim)
+        shape = (batch, self.n_heads, capacity, self.head_dim)
         cross_keys, cross_values = [], []
         for layer in self._decoder.layers:
             attn = layer.encoder_attn
             cross_keys.append(self._heads(self._linear(attn.k_proj, memory)))
             cross_values.append(self._heads(self._linear(attn.v_proj, memory)))
         return KVCache(
-            self_keys=memory.new_zeros(shape),
-            self_values=memory.new_zeros(shape),
+            self_keys=tuple(memory.new_zeros(shape) for _ in range(self.n_layers)),
+            self_values=tuple(memory.new_zeros(shape) for _ in range(self.n_layers)),
             cross_keys=torch.stack(cross_keys),
             cross_values=torch.stack(cross_values),
             static=static,
