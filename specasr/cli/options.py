@@ -140,17 +140,19 @@ def add_target_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="float32", choices=list(DTYPES))
 
 
-def add_clip_options(parser: argparse.ArgumentParser) -> None:
+def add_clip_options(parser: argparse.ArgumentParser, loops: bool = True) -> None:
+    """The target's and the clip's options; with `loops`, how our decoding loops run (commands that decode)."""
     add_target_options(parser)
-    parser.add_argument(
-        "--eager", action="store_true", help="run every decoding step from the host (on CUDA: no captured graphs)"
-    )
-    parser.add_argument(
-        "--compile",
-        action=argparse.BooleanOptionalAction,
-        help="compile our loops' steps with torch.compile (inductor) before they run or are captured "
-        "(default: off; compiled steps were slower on a CPU and are not yet measured on CUDA)",
-    )
+    if loops:
+        parser.add_argument(
+            "--eager", action="store_true", help="run every decoding step from the host (on CUDA: no captured graphs)"
+        )
+        parser.add_argument(
+            "--compile",
+            action=argparse.BooleanOptionalAction,
+            help="compile our loops' steps with torch.compile (inductor) before they run or are captured "
+            "(default: off; compiled steps were slower on a CPU and are not yet measured on CUDA)",
+        )
     parser.add_argument(
         "--max-seconds",
         type=number(float, 0, above=True),
@@ -297,7 +299,8 @@ def settings(args: argparse.Namespace, draft: str | None = None, **chosen) -> Se
     speculative options the command has; `chosen` stands in for options that hold several values (one K of a
     bench's, a grid's cell) or that a command sets itself."""
     values = {"target": args.target, "device": args.device, "dtype": args.dtype, "max_seconds": args.max_seconds}
-    values["graphs"], values["compile"] = not args.eager, args.compile
+    if hasattr(args, "compile"):
+        values["graphs"], values["compile"] = not args.eager, args.compile
     if draft is not None:
         values |= {name: getattr(args, name) for name in SPECULATIVE_FIELDS if hasattr(args, name)} | {"draft": draft}
     return checked(Settings, **(values | chosen))

@@ -17,7 +17,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("audio")
     p.add_argument("--repeats", type=number(int, 1), default=50)
     p.add_argument("--json", action="store_true", help="print the table as a JSON list of rows")
-    add_clip_options(p)
+    add_clip_options(p, loops=False)  # it times the passes themselves, outside any loop
     add_draft_options(p)  # a round's passes, timed without a window: no window options
     p.add_argument("--k", type=number(int, 1), default=4, help="draft proposals per profiled round (a tree's depth)")
     add_tree_options(p)
