@@ -10,7 +10,7 @@ import widgets
 from player import drift_player
 from specasr.audio import SAMPLE_RATE
 from specasr.bench import aa_check, benchmark, store_results, summary
-from specasr.intervals import aa_warning
+from specasr.intervals import aa_verdict, aa_warning
 from specasr.metrics import acceptance, word_error_rate
 from specasr.views import attention_heatmap, drift_figure, round_table, token_rows, tree_figure
 
@@ -153,10 +153,14 @@ else:
     speed, runs = timing["speed"], timing["runs"]
     if timing["unstored"]:
         st.warning(f"These timings were not stored: {timing['unstored']}")
+    verdict = aa_verdict(timing["aa"])
+    unreliable = "" if verdict["reliable"] else " (UNRELIABLE)"
     columns = st.columns(3)
     for column, phase, label in ((columns[0], "decode", "Decode-phase"), (columns[1], "total", "End-to-end")):
         low, high = speed[f"{phase}_speedup_low"], speed[f"{phase}_speedup_high"]
-        column.metric(f"{label} speedup", f"{speed[f'{phase}_speedup_pooled']:.2f}x [{low:.2f}, {high:.2f}]")
+        column.metric(
+            f"{label} speedup{unreliable}", f"{speed[f'{phase}_speedup_pooled']:.2f}x [{low:.2f}, {high:.2f}]"
+        )
     columns[2].metric("Greedy decode ms/token", f"{timing['greedy'].ms_per_token:.1f}")
     spread = (
         "one repetition: no run-to-run spread to show"
@@ -175,7 +179,9 @@ else:
     st.caption(
         f"A/A check, greedy timed twice in the same run{aa_run}: decode "
         f"{aa.ratio['decode']:.3f}x [{aa.low['decode']:.3f}, {aa.high['decode']:.3f}], end-to-end "
-        f"{aa.ratio['total']:.3f}x [{aa.low['total']:.3f}, {aa.high['total']:.3f}]."
+        f"{aa.ratio['total']:.3f}x [{aa.low['total']:.3f}, {aa.high['total']:.3f}]: the speedups above are "
+        f"{'reliable' if verdict['reliable'] else 'UNRELIABLE'} (the interval must hold 1 and stay within "
+        f"+-{verdict['tolerance']:.0%})."
     )
     if warning := aa_warning(timing["aa"]):
         st.warning(warning)

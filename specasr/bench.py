@@ -10,8 +10,8 @@ import pandas as pd
 from tqdm import tqdm
 
 from specasr.audio import Clip
-from specasr.graphs import StepCost
-from specasr.intervals import aa_table, timed_ratio
+from specasr.graphs import StepCost, compiled_graphs
+from specasr.intervals import AA_TOLERANCE, aa_table, timed_ratio
 from specasr.metrics import acceptance, loop_costs, passes_per_round, predicted_round_speedup, rho
 from specasr.pipeline import Pipeline
 from specasr.precision import token_agreement
@@ -29,6 +29,7 @@ class ArmResult:
     steps: dict[str, StepCost] = field(default_factory=dict)  # its static steps, replayed back to back
     plain_steps: dict[str, StepCost] = field(default_factory=dict)  # a compiled arm's steps, uncompiled
     compile_seconds: float = 0.0  # torch.compile's work on its steps, in its warm-up decode
+    recompiles: int = 0  # graphs torch.compile made during its timed decodes (a compiled arm should make none)
     pass_costs: tuple[float, float] | None = None  # a speculative arm's v(N) and rho(W), in target steps
     float32_agreement: tuple[float, int] | None = None  # token share, clips alike: against float32 greedy
     copy_of: str | None = None  # the arm this one times again (the A/A check)
@@ -94,8 +95,10 @@ def benchmark(
     for clip in tqdm(clips, desc="bench", unit="clip"):
         for repeat in range(repeats):
             for name, settings in arms.items():
+                graphs_before = compiled_graphs()
                 results[name].traces.append(pipeline.decode(clip, settings))
                 results[name].repeats.append(repeat)
+                results[name].recompiles += compiled_graphs() - graphs_before
     for name, settings in arms.items():
         results[name].steps = pipeline.step_costs(clips[0], settings)
         if results[name].settings.compile:
@@ -159,7 +162,8 @@ def summary(table: pd.DataFrame, results: dict[str, ArmResult]) -> pd.DataFrame:
     device time alone and the kernels it launches (graphs.step_costs), the decode phase's wall time per step (per
     token, or per round; from the medians over repetitions, as every time here), and the host's share of it. Where
     they are compiled: the seconds torch.compile took in the arm's warm-up (none where an arm before it compiled the
-    same steps), and the same steps' time and kernels uncompiled.
+    same steps), the graphs it compiled while timed (none, unless a clip's shapes made a step recompile), and the same
+    steps' time and kernels uncompiled.
     Where arms ran in another precision: each arm's agreement with float32 greedy.
 
     Acceptance is counted on the first repetition (every repetition decodes the same tokens); the costs on all of
@@ -192,7 +196,7 @@ def summary(table: pd.DataFrame, results: dict[str, ArmResult]) -> pd.DataFrame:
         if result.float32_agreement is not None:
             row |= dict(zip(("float32_token_agreement", "float32_same_clips"), result.float32_agreement, strict=True))
         if result.settings.compile:
-            row["compile_s"] = result.compile_seconds
+            row |= {"compile_s": result.compile_seconds, "recompiles": result.recompiles}
         if result.steps:
             steps = sum(len(t.rounds) for t in first) if result.settings.draft is not None else tokens
             row |= _step_columns(result.steps, "device")
@@ -219,16 +223,16 @@ def _step_columns(steps: dict[str, StepCost], prefix: str) -> dict[str, float]:
     return columns | {f"{prefix}_ms": 1000 * sum(cost.seconds for cost in steps.values())}
 
 
-def aa_check(results: dict[str, ArmResult]) -> pd.DataFrame:
-    """The A/A check (metrics.aa_table): the copied greedy arm's time over its copy's, per phase, with the interval
-    over clips and the repetitions within each. Where it excludes 1, speed differences of that size are noise."""
+def aa_check(results: dict[str, ArmResult], tolerance: float = AA_TOLERANCE) -> pd.DataFrame:
+    """The A/A check (intervals.aa_table): the copied greedy arm's time over its copy's, per phase, with its interval
+    over clips. Where it excludes 1 or reaches past 1 +- tolerance, the bench's speed figures are unreliable."""
     copy = next(result for result in results.values() if result.copy_of is not None)
     original = results[copy.copy_of]
     clip_hashes = _clip_hashes(original)
     ratios = {
         phase: timed_ratio(original.seconds(clip_hashes, phase), copy.seconds(clip_hashes, phase)) for phase in PHASES
     }
-    return aa_table(ratios).assign(arm=copy.copy_of)
+    return aa_table(ratios, tolerance).assign(arm=copy.copy_of)
 
 
 def _clip_hashes(result: ArmResult) -> list[str]:

@@ -20,6 +20,7 @@ from typing import TypeVar
 
 import torch
 from torch import Tensor
+from torch._dynamo.utils import counters
 
 from specasr import tree
 from specasr.decode import LoopOptions, Stopwatch, node_limit, verification_peaks
@@ -116,6 +117,11 @@ def _reused(captured: dict | None, key: tuple, make: Callable[[], Steps]) -> Ste
     if key not in captured:
         captured[key] = make()
     return captured[key]
+
+
+def compiled_graphs() -> int:
+    """Graphs torch.compile has made in this process so far (counted by dynamo)."""
+    return counters["stats"]["unique_graphs"]
 
 
 def compile_seconds(kept: dict) -> float:

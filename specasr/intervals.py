@@ -106,30 +106,28 @@ def pooled_bootstrap(
     draws the interval is the estimate itself.
 
     The `repeated` columns hold timing repetitions, (utterances, repetitions): an utterance counts the median of
-    its repetitions. A draw resamples the repetitions of every utterance it takes, with replacement, so that the
-    interval holds run-to-run noise too; repetition r of every repeated column of every arm was timed side by side,
-    so the same repetitions are taken from all of them. Repetitions draw from a stream of their own: the utterances
-    drawn are those of a bootstrap without them.
+    its repetitions, and draws resample utterances only. Resampling the repetitions too, and taking the median of
+    each resample, widens the interval far past the estimate's spread where a few repetitions are slow
+    (tests/test_timing.py simulates it); run-to-run noise is the A/A check's to measure (aa_verdict).
     """
+    arms = [{name: np.median(c, axis=1) if name in repeated else c for name, c in arm.items()} for arm in arms]
     sizes = {len(column) for arm in arms for column in arm.values()}
     if len(sizes) != 1 or not (n := sizes.pop()):
         raise ValueError("arms must hold the same non-empty utterances")
-    repetitions = _repetitions(arms, repeated)
     labels = np.zeros(n, dtype=int) if strata is None else np.unique(np.asarray(strata), return_inverse=True)[1]
     groups = [np.flatnonzero(labels == label) for label in range(labels.max() + 1)]
-    rng, repetition_rng = np.random.default_rng(seed), np.random.default_rng([seed, 1])
+    rng = np.random.default_rng(seed)
 
-    def evaluate(indices: list[np.ndarray], resample: bool = True) -> np.ndarray:
+    def evaluate(indices: list[np.ndarray]) -> np.ndarray:
         """The statistic per stratum: indices[g] (draws, members) picks stratum g's utterances in each draw."""
-        taken = [(index, _pick_repetitions(repetition_rng, index.shape, repetitions, resample)) for index in indices]
         sums = [
-            {name: np.stack([_sums(c, *pick, name in repeated) for pick in taken], axis=1) for name, c in arm.items()}
+            {name: np.stack([c[index].sum(axis=1) for index in indices], axis=1) for name, c in arm.items()}
             for arm in arms
         ]
         return statistic(*sums)  # (draws, strata)
 
     with np.errstate(divide="ignore", invalid="ignore"):
-        per_stratum = evaluate([group[None] for group in groups], resample=False)[0]
+        per_stratum = evaluate([group[None] for group in groups])[0]
         defined = np.isfinite(per_stratum)
         if not defined.any():
             raise ValueError("statistic undefined on the sample")
@@ -161,62 +159,65 @@ def timed_ratio(
     numerator: np.ndarray, denominator: np.ndarray, draws: int = 10_000, seed: int = 0, level: float = 0.95
 ) -> Interval:
     """Total time over total time of two arms timed side by side, from their (clips, repetitions) seconds, each clip
-    its median over repetitions: a speedup (baseline over candidate) or an A/A ratio. The interval resamples clips
-    and the repetitions within each, the same in both arms (pooled_bootstrap)."""
+    its median over repetitions: a speedup (baseline over candidate) or an A/A ratio. The interval resamples clips,
+    the same in both arms (pooled_bootstrap); of one clip, its repetitions, paired (repetition r of both arms was
+    timed side by side), each draw the ratio of their medians."""
+    if len(numerator) == 1 and draws:
+        repetitions = [list(numerator[0]), list(denominator[0])]
+        return bootstrap(lambda a, b: float(np.median(a) / np.median(b)), repetitions, draws, seed, level)
     arms = [{"seconds": np.asarray(numerator, float)}, {"seconds": np.asarray(denominator, float)}]
     return pooled_bootstrap(lambda a, b: a["seconds"] / b["seconds"], arms, draws, seed, level, repeated={"seconds"})
 
 
-def aa_table(ratios: dict[str, Interval]) -> pd.DataFrame:
+AA_TOLERANCE = 0.03  # how far from 1 the A/A interval may reach before speed tables are unreliable
+
+
+def aa_table(ratios: dict[str, Interval], tolerance: float = AA_TOLERANCE) -> pd.DataFrame:
     """The A/A check: the same settings timed twice side by side, one row per phase with the ratio of their times
-    and its interval. They disagree where the interval excludes 1."""
+    and its interval. A phase is reliable where its interval holds 1 and lies within 1 +- tolerance: otherwise the
+    copies disagree, or this machine's noise is too large to tell speeds `tolerance` apart."""
     rows = [
-        {"phase": phase, "ratio": r.estimate, "low": r.low, "high": r.high, "disagrees": not r.low <= 1 <= r.high}
+        {
+            "phase": phase,
+            "ratio": r.estimate,
+            "low": r.low,
+            "high": r.high,
+            "tolerance": tolerance,
+            "reliable": r.low <= 1 <= r.high and 1 - tolerance <= r.low and r.high <= 1 + tolerance,
+        }
         for phase, r in ratios.items()
     ]
-    return pd.DataFrame(rows, columns=["phase", "ratio", "low", "high", "disagrees"])
+    return pd.DataFrame(rows, columns=["phase", "ratio", "low", "high", "tolerance", "reliable"])
+
+
+def aa_verdict(table: pd.DataFrame) -> dict | None:
+    """The A/A check as a JSON record: the decode phase's ratio and interval, the tolerance, and whether the speed
+    tables beside it are reliable (every phase is). None where there was no A/A copy."""
+    if table.empty:
+        return None
+    decode = table.set_index("phase").loc["decode"]
+    return {
+        "ratio": float(decode.ratio),
+        "interval": [float(decode.low), float(decode.high)],
+        "tolerance": float(decode.tolerance),
+        "reliable": bool(table.reliable.all()),
+    }
 
 
 def aa_warning(table: pd.DataFrame) -> str | None:
-    """What an A/A table (aa_table) means where its copies disagree: a speed difference up to their ratio's distance
-    from 1 is this machine's noise, not the settings'. None where they agree."""
-    apart = table[table.disagrees.astype(bool)]
-    if apart.empty:
+    """Why the speed tables beside an A/A check (aa_table) are unreliable; None where they are reliable."""
+    failed = table[~table.reliable.astype(bool)]
+    if failed.empty:
         return None
-    ratios = "; ".join(f"{r.phase} {r.ratio:.3f}x [{r.low:.3f}, {r.high:.3f}]" for r in apart.itertuples())
-    size = (apart.ratio - 1).abs().max()
+    reasons = []
+    for r in failed.itertuples():
+        why = "the copies disagree" if not r.low <= 1 <= r.high else f"wider than +-{r.tolerance:.0%}"
+        reasons.append(f"{r.phase} {r.ratio:.3f}x [{r.low:.3f}, {r.high:.3f}]: {why}")
     return (
-        f"A/A check: the same settings timed twice disagree ({ratios}); speed differences of {size:.1%} or less "
-        "are machine noise here"
+        f"UNRELIABLE speed figures: the same settings timed twice ({'; '.join(reasons)}); speed differences of "
+        f"{max((failed.ratio - 1).abs().max(), (failed.high - 1).max(), (1 - failed.low).max()):.1%} or less are this "
+        "machine's noise"
     )
-
-
-def _repetitions(arms: list[dict[str, np.ndarray]], repeated: Collection[str]) -> int:
-    """The repetitions every repeated column holds (0 where none is repeated)."""
-    counts = {arm[name].shape[1] for arm in arms for name in repeated if name in arm}
-    if len(counts) > 1 or 0 in counts:
-        raise ValueError(f"repeated columns must hold the same non-zero number of repetitions, got {sorted(counts)}")
-    return counts.pop() if counts else 0
-
-
-def _pick_repetitions(
-    rng: np.random.Generator, shape: tuple[int, ...], repetitions: int, resample: bool
-) -> np.ndarray | None:
-    """Per drawn utterance (`shape`: draws, members), the repetitions it takes: a resample, or all in order."""
-    if not repetitions:
-        return None
-    if resample:
-        return rng.integers(0, repetitions, size=(*shape, repetitions))
-    return np.broadcast_to(np.arange(repetitions), (*shape, repetitions))
-
-
-def _sums(column: np.ndarray, index: np.ndarray, picks: np.ndarray | None, repeated: bool) -> np.ndarray:
-    """The column summed over the utterances each draw took (`index`: draws, members); a repeated column counts each
-    utterance's median over its picked repetitions."""
-    taken = column[index]
-    if repeated:
-        taken = np.median(np.take_along_axis(taken, picks, axis=-1), axis=-1)
-    return taken.sum(axis=1)
 
 
 def _defined(statistic: Callable[..., float | None], arms: list[list]) -> float:

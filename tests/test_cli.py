@@ -87,6 +87,7 @@ def test_bench_prints_a_table_and_summary(capsys, speech):
     for column in (
         "greedy compiled",  # beside the default greedy loop, which a CPU runs plainly
         "compile_s",
+        "recompiles",
         "device_kernels_step",
         "plain_kernels_step",
         "random K=1",
@@ -117,6 +118,7 @@ def test_bench_times_peers_beside_our_loops_as_json(capsys, speech):
     summary = {row["arm"]: row for row in record["summary"]}
     assert list(summary) == ["greedy", "transformers", "transformers-assisted", "random", "greedy (A/A)"]
     assert [row["phase"] for row in record["aa"]] == ["decode", "total"] and "aa_warning" in record
+    assert record["timing"]["aa"]["reliable"] == (record["aa_warning"] is None)  # one clip, one repetition
     assert set(record["runs"]) == set(summary)
     assert summary["greedy"]["decode_speedup_pooled"] == 1.0 and summary["greedy"]["L"] is None
     for peer in ("transformers", "transformers-assisted"):  # the same weights and features as our greedy loop

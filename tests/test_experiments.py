@@ -408,7 +408,10 @@ def test_experiment_command_prints_the_tables_as_json(capsys, sample_clips, tmp_
     assert record["aggregation"].startswith("pooled over all 2 clips as one set (sets under 20 clips: ")
     assert record["protocol"].startswith("real loop")
     assert [row["phase"] for row in record["aa"]] == ["decode", "total"] and record["second_baseline_run"]
-    assert record["timing_note"] == "one timing repetition per clip: speed intervals hold no run-to-run noise"
+    assert record["timing_note"] == "one timing repetition per clip: a clip's time is one run, stalls included"
+    verdict = record["timing"]["aa"]  # the A/A verdict beside the speed figures
+    assert verdict["tolerance"] == 0.03 and verdict["reliable"] == (record["aa_warning"] is None)
+    assert verdict["ratio"] == record["aa"][0]["ratio"] and len(verdict["interval"]) == 2
     assert main([*command, "--window", "sideways", "--db", db]) == 2
     assert "unknown window" in capsys.readouterr().err
 

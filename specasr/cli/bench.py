@@ -13,6 +13,7 @@ from specasr.cli.options import (
     add_out_options,
     add_speculative_options,
     add_store_options,
+    add_timing_options,
     drafts,
     listed,
     number,
@@ -23,11 +24,13 @@ from specasr.cli.options import (
 from specasr.cli.output import Report, RunStore, json_value, records
 from specasr.dataset import DEFAULT_SPEECH_DIR, load_manifest, spread
 from specasr.experiments import REPEATS, shape_label
-from specasr.intervals import aa_warning
+from specasr.intervals import aa_verdict, aa_warning
 from specasr.peers import TARGET_LAYERS
 from specasr.pipeline import Pipeline
 from specasr.report import repetition_note
 from specasr.trace import DECODERS, Settings
+
+UNRELIABLE = "UNRELIABLE speed figures (the A/A check below):\n"
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -38,7 +41,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "--repeats",
         type=number(int, 1),
         default=REPEATS,
-        help="timing repetitions per clip, interleaved; intervals resample them",
+        help="timing repetitions per clip, interleaved; a clip's time is their median",
     )
     p.add_argument(
         "--peers", type=listed(str, DECODERS[1:]), default=(), help=f"peer decoders, e.g. {','.join(DECODERS[1:])}"
@@ -53,6 +56,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     add_speculative_options(p, several_drafts=True)
     add_store_options(p)
     add_out_options(p)
+    add_timing_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object: per-clip rows, summary and run ids")
     p.set_defaults(run=run)
 
@@ -65,21 +69,23 @@ def run(args: argparse.Namespace) -> int:
     arms = _arms(args, pipeline)
     clips = [u.clip(args.max_seconds) for u in utterances]
     table, results = benchmark(pipeline, arms, clips, args.repeats)
-    arm_rows, aa = summary(table, results), aa_check(results)
+    arm_rows, aa = summary(table, results), aa_check(results, args.aa_tolerance)
     if args.json:  # the record names the runs: stored first, printed whatever the store did
         runs = kept.write(lambda store: store_results(store, results, "bench")) or {}
         record = {"clips": records(table), "summary": records(arm_rows), "aa": records(aa)}
-        report.print(json.dumps(record | {"aa_warning": aa_warning(aa), "runs": runs}, default=json_value))
+        record |= {"timing": {"aa": aa_verdict(aa)}, "aa_warning": aa_warning(aa)}
+        report.print(json.dumps(record | {"runs": runs}, default=json_value))
         report.save()
     else:
-        report.print(table.to_string(index=False, float_format="%.4f"))
+        unreliable = "" if aa_verdict(aa)["reliable"] else UNRELIABLE
+        report.print(unreliable + table.to_string(index=False, float_format="%.4f"))
         report.print(
             f"\n{args.target}, K={','.join(map(str, args.k))}, {_shapes(args)}, window={args.window}, "
             f"{args.device} {args.dtype} "
             f"(drafts {args.draft_dtype or args.dtype}), {args.repeats} repeats; baseline: {table.baseline.iloc[0]}, "
             "the fastest greedy loop of ours"
         )
-        report.print(arm_rows.to_string(index=False, float_format="%.3f"))
+        report.print(unreliable + arm_rows.to_string(index=False, float_format="%.3f"))
         report.print(f"\nA/A check: {aa.arm.iloc[0]} over its copy, timed side by side")
         report.print(aa.drop(columns="arm").to_string(index=False, float_format="%.3f"))
         report.warn(aa_warning(aa), repetition_note(args.repeats))

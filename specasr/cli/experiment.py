@@ -10,6 +10,7 @@ from specasr.cli.options import (
     add_out_options,
     add_speculative_options,
     add_store_options,
+    add_timing_options,
     checked,
     drafts,
     evaluation_clips,
@@ -20,7 +21,7 @@ from specasr.cli.options import (
 )
 from specasr.cli.output import Report, json_value, not_stored, records
 from specasr.experiments import PROTOCOL, REPEATS, Grid, run_grid
-from specasr.intervals import aa_warning
+from specasr.intervals import aa_verdict, aa_warning
 from specasr.pipeline import Pipeline
 from specasr.report import AGGREGATION, repetition_note, tables
 from specasr.store import Store
@@ -33,12 +34,13 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "--repeats",
         type=number(int, 1),
         default=REPEATS,
-        help=f"timing repetitions per clip, interleaved; speed intervals resample them (under {REPEATS}: a warning)",
+        help=f"timing repetitions per clip, interleaved; a clip's time is their median (under {REPEATS}: a warning)",
     )
     add_clip_options(p)
     add_speculative_options(p, several_drafts=True, grid=True)
     add_store_options(p, optional=False)
     add_out_options(p)
+    add_timing_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object with cells and contrasts")
     p.set_defaults(run=run)
 
@@ -48,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     clips, sets = evaluation_clips(args)
     store = Store(args.db)  # the grid reuses runs it holds: one that will not open stops the grid before any work
     runs = run_grid(Pipeline(store), store, grid, clips, args.repeats)
-    found = tables(store, runs, sets)
+    found = tables(store, runs, sets, args.aa_tolerance)
     aggregation = f"{sets.rule}; {AGGREGATION}"
     best = found.cells.loc[found.cells.decode_speedup.idxmax()]
     warnings = {"aa_warning": aa_warning(found.aa), "timing_note": repetition_note(args.repeats)}
@@ -56,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
         record = {"protocol": PROTOCOL, "aggregation": aggregation, "baseline_run": runs.baseline}
         record["peaks_run"] = runs.peaks
         record |= {"second_baseline_run": runs.second_baseline, "repeats": args.repeats} | warnings
+        record["timing"] = {"aa": aa_verdict(found.aa)}
         record |= {name: records(table) for name, table in vars(found).items()}
         report.print(json.dumps(record | {"best_run": best.run_id}, default=json_value))
     else:
@@ -69,22 +72,24 @@ def _print_tables(report: Report, args: argparse.Namespace, clips, runs, found, 
     report.print(f"{args.target} on {len(clips)} clips of {args.data} x {args.repeats} repeats")
     report.print(f"greedy run {runs.baseline or '(not stored)'}, verification-peaks run {runs.peaks or '(not stored)'}")
     report.print(f"protocol: {PROTOCOL}\n{aggregation}")
+    verdict = aa_verdict(found.aa)
+    speed = " (UNRELIABLE speed figures: the A/A check below)" if verdict and not verdict["reliable"] else ""
     for title, table, number_format in (
-        ("Cells (Tables 1, 2, 3, 6)", found.cells.drop(columns="s"), "%.3f"),
-        ("Contrasts, b-a (Tables 1, 2, 3, 6, 16)", found.contrasts, "%+.3f"),
+        (f"Cells (Tables 1, 2, 3, 6){speed}", found.cells.drop(columns="s"), "%.3f"),
+        (f"Contrasts, b-a (Tables 1, 2, 3, 6, 16){speed}", found.contrasts, "%+.3f"),
         ("Attention peaks vs reference frames (Table 7)", found.peaks, "%.3f"),
         ("Restart anchor error by proposal outcome, ms (Table 10)", found.outcomes, "%.3f"),
-        ("Runtime correction vs the unrestricted loop (Table 16)", found.runtime, "%.3f"),
-        ("K, tree and threshold sweep (Table 21)", found.sweep, "%.3f"),
-        ("Cells, set by set (Tables 1, 6)", found.cells_by_set.drop(columns="s", errors="ignore"), "%.3f"),
+        (f"Runtime correction vs the unrestricted loop (Table 16){speed}", found.runtime, "%.3f"),
+        (f"K, tree and threshold sweep (Table 21){speed}", found.sweep, "%.3f"),
+        (f"Cells, set by set (Tables 1, 6){speed}", found.cells_by_set.drop(columns="s", errors="ignore"), "%.3f"),
         ("Restart anchor error by outcome, set by set (Table 10)", found.outcomes_by_set, "%.3f"),
-        ("Runtime correction, set by set (Table 16)", found.runtime_by_set, "%.3f"),
+        (f"Runtime correction, set by set (Table 16){speed}", found.runtime_by_set, "%.3f"),
         (f"A/A check: greedy over its second copy (run {runs.second_baseline})", found.aa, "%.3f"),
     ):
         if len(table):
             report.print(f"\n{title}\n{table.to_string(index=False, float_format=number_format)}")
     report.print(
-        f"\nfastest cell: {best.draft} {best.window} K={best.k} tree {best.tree_width}x{best.tree_nodes} "
+        f"\nfastest cell{speed}: {best.draft} {best.window} K={best.k} tree {best.tree_width}x{best.tree_nodes} "
         f"threshold={best.threshold:g}, "
         f"decode speedup {best.decode_speedup:.3f}x [{best.decode_speedup_low:.3f}, {best.decode_speedup_high:.3f}]"
     )

@@ -12,6 +12,7 @@ from specasr.align import ALIGNERS
 from specasr.audio import DEFAULT_MAX_SECONDS, Clip, load_audio
 from specasr.dataset import DEFAULT_SPEECH_DIR, load_utterances, spread
 from specasr.draft import shipped_drafts
+from specasr.intervals import AA_TOLERANCE
 from specasr.pooled import MIN_SET_CLIPS, Weighting, weighting
 from specasr.store import default_db_path
 from specasr.targets import BUILTIN_TARGETS, DTYPES
@@ -272,6 +273,16 @@ def add_store_options(parser: argparse.ArgumentParser, optional: bool = True) ->
 def add_out_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=None, help="also write what is printed to this file")
     parser.add_argument("--force", action="store_true", help="replace the --out file if it exists")
+
+
+def add_timing_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--aa-tolerance",
+        type=number(float, 0, above=True),
+        default=AA_TOLERANCE,
+        help="speed figures are marked unreliable where the A/A ratio's interval excludes 1 or reaches past 1 +- this "
+        f"(default {AA_TOLERANCE})",
+    )
 
 
 def add_data_options(parser: argparse.ArgumentParser, sets: bool = False) -> None:
