@@ -64,6 +64,24 @@ def test_the_aa_check_flags_a_three_percent_bias_in_most_runs():
     assert sum(not aa_table({"decode": ratio}).reliable.all() for ratio in ratios) >= 80
 
 
+def test_the_estimate_is_total_over_total_of_each_clips_median():
+    greedy = np.array([[1.0, 2.0, 4.0], [3.0, 3.0, 9.0]])  # medians 2 and 3
+    speculative = np.array([[2.0, 2.0, 2.0], [1.0, 5.0, 1.0]])  # medians 2 and 1
+    columns = [{"greedy": greedy, "speculative": speculative}]
+    ratio = pooled_estimate(
+        lambda sums: sums["greedy"] / sums["speculative"], columns, repeated={"greedy", "speculative"}
+    )
+    assert ratio == pytest.approx(5 / 3) and timed_ratio(greedy, speculative, draws=0).estimate == pytest.approx(5 / 3)
+
+
+def test_one_clip_takes_its_interval_from_its_repetitions_paired():
+    # Repetition r of both arms was timed side by side: arms that drifted together have a ratio of 1 in every draw.
+    drifting = np.array([[1.0, 2.0, 4.0]])
+    assert timed_ratio(drifting, drifting, draws=2000) == Interval(1.0, 1.0, 1.0)
+    greedy, speculative = np.array([[1.0, 1.0, 1.0]]), np.array([[1.0, 2.0, 4.0]])
+    assert timed_ratio(greedy, speculative, draws=4000) == Interval(0.5, 0.25, 1.0)  # medians of 1, 2 or 4 s
+
+
 def test_a_clip_counts_the_median_of_its_repetitions_and_draws_resample_clips_only():
     x, n = np.array([0.0, 1.0, 2.0, 5.0]), np.ones(4)
     plain = pooled_bootstrap(lambda sums: sums["x"] / sums["n"], [{"x": x, "n": n}], draws=500, seed=3)
