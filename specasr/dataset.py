@@ -60,8 +60,10 @@ def evaluation_set(utterance_id: str) -> str:
 
 
 def spread(utterances: list[Utterance], count: int) -> list[Utterance]:
-    """`count` utterances taken at even steps through the list, so that every source of a manifest shows up."""
-    return utterances[:: max(1, len(utterances) // count)][:count]
+    """`count` utterances (all, if the list holds no more) taken at even steps through the whole list, so that every
+    source of a manifest shows up, the last rows' too."""
+    n = len(utterances)
+    return [utterances[i * n // count] for i in range(count)] if count < n else list(utterances)
 
 
 def heldout_ids() -> frozenset[str]:

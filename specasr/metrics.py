@@ -297,8 +297,9 @@ def outcome_counts(errors_ms: Sequence[float], accepted: Sequence[bool], large_m
 
 
 def odds_ratio(counts: np.ndarray) -> np.ndarray:
-    """Odds ratio from outcome_counts (last axis); inf or NaN where a cell is empty."""
-    accepted_small, accepted_large, rejected_small, rejected_large = np.moveaxis(counts, -1, 0)
+    """Odds ratio from outcome_counts (last axis), every cell plus one half (Haldane-Anscombe), so that an empty cell
+    gives a finite ratio: a bootstrap that dropped such draws kept only alike ones (2.000 [2.000, 2.000])."""
+    accepted_small, accepted_large, rejected_small, rejected_large = np.moveaxis(np.asarray(counts) + 0.5, -1, 0)
     return (rejected_large * accepted_small) / (rejected_small * accepted_large)
 
 

@@ -67,6 +67,8 @@ class ClipResult:
     total: tuple[float, ...]
     greedy_decode: tuple[float, ...]
     greedy_total: tuple[float, ...]
+    draft: tuple[float, ...]  # seconds in draft passes, repetition by repetition
+    verify: tuple[float, ...]  # seconds in verification passes
     lossless: bool  # every repetition gave the greedy tokens
 
 
@@ -88,6 +90,8 @@ def clip_results(baseline: list[Trace], traces: list[Trace], weights: Weighting 
                 total=_seconds(repeats, "total"),
                 greedy_decode=_seconds(greedy, "decode"),
                 greedy_total=_seconds(greedy, "total"),
+                draft=tuple(t.draft_seconds for t in repeats),
+                verify=tuple(t.verify_seconds for t in repeats),
                 lossless=all(t.tokens == greedy[0].tokens for t in repeats),
             )
         )
@@ -117,8 +121,6 @@ def clip_columns(results: list[ClipResult]) -> dict[str, np.ndarray]:
         "outcomes": np.array(outcomes, dtype=float).reshape(len(results), 4),
         "rounds": np.array([len(r.trace.rounds) for r in results], dtype=float),
         "passes": np.array([r.trace.draft_passes for r in results], dtype=float),
-        "draft": np.array([r.trace.draft_seconds for r in results]),
-        "verify": np.array([r.trace.verify_seconds for r in results]),
     } | {name: np.array(v, dtype=float) for name, v in timings.items()}
 
 
@@ -150,7 +152,7 @@ METRICS: dict[str, Callable[[dict[str, np.ndarray]], np.ndarray]] = {
     "total_speedup": lambda sums: sums["greedy_total"] / sums["total"],
 }
 SPEEDS = ("decode_speedup", "total_speedup")
-TIMINGS = ("decode", "total", "greedy_decode", "greedy_total")  # columns of clips x repetitions
+TIMINGS = ("decode", "total", "greedy_decode", "greedy_total", "draft", "verify")  # columns of clips x repetitions
 
 
 Columns = tuple[list[dict[str, np.ndarray]], list[str]]  # each arm's clip columns, and each clip's evaluation set

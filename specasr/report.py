@@ -10,14 +10,12 @@ import numpy as np
 import pandas as pd
 
 from specasr.experiments import REPEATS, GridRuns, cell_name, draft_label, grid_traces, shape_label
-from specasr.intervals import AA_TOLERANCE, aa_table, pooled_bootstrap, pooled_estimate
+from specasr.intervals import AA_TOLERANCE, Interval, aa_table, pooled_bootstrap
 from specasr.metrics import (
     PeakAgreement,
     choose_runtime_layer,
-    correction_pays,
     odds_ratio,
     outcome_error,
-    passes_per_round,
     peak_agreement,
     predicted_speed_change,
     step_cost,
@@ -229,7 +227,10 @@ def runtime_table(cells: dict[Settings, list[ClipResult]]) -> pd.DataFrame:
     Gross: dL / (1 + L), the speed change if the round cost stayed the same. Cost: the correction's added seconds per
     round (_correction_cost), in verification passes of the uncorrected loop. The cost rule predicts a gain when
     dL / (1 + L) > cost / (1 + K rho) (paper eq. 5), K the uncorrected rounds' mean draft passes, and the change itself
-    (eq. 4, predicted_change); net: the measured change in decode and end-to-end speed.
+    (eq. 4, predicted_change); net: the measured change in decode and end-to-end speed. Cost, rho and the predicted
+    change come from every repetition (each clip its median) with intervals over clips; predicted_pays is "yes" or
+    "no" where the predicted change's interval excludes 0 and "undetermined" where it holds it, and `agrees` says
+    whether a determined prediction has the measured change's sign (None where undetermined).
     """
     rows = []
     pairs = tuple((RUNTIME_BASE, window) for window in RUNTIME_WINDOWS)
@@ -237,11 +238,11 @@ def runtime_table(cells: dict[Settings, list[ClipResult]]) -> pd.DataFrame:
         base, corrected = shared_clips(cells[settings_a], cells[settings_b])
         columns = arm_columns(base, corrected)
         uncorrected = ([columns[0][0]], columns[1])
-        L = pooled_estimate(METRICS["L"], *uncorrected)
+        L = point_estimate(METRICS["L"], uncorrected)
         delta = differences(("a1", "a2c", "L"), columns)
-        cost = pooled_estimate(_correction_cost, *columns)
-        measured_rho = pooled_estimate(_rho, *uncorrected)
-        steps = passes_per_round([r.trace for r in base])
+        cost = bootstrap_interval(_correction_cost, columns)
+        measured_rho = bootstrap_interval(_rho, uncorrected)
+        predicted = bootstrap_interval(_predicted_change, columns)
         net = {
             phase: bootstrap_interval(lambda a, b, phase=phase: a[phase] / b[phase] - 1, columns)
             for phase in ("decode", "total")
@@ -267,16 +268,41 @@ def runtime_table(cells: dict[Settings, list[ClipResult]]) -> pd.DataFrame:
                 "d_L_low": delta["L"].low,
                 "d_L_high": delta["L"].high,
                 "gross": delta["L"].estimate / (1 + L),
-                "cost": cost,
-                "rho": measured_rho,
-                "predicted_pays": correction_pays(delta["L"].estimate, L, cost, steps, measured_rho),
-                "predicted_change": predicted_speed_change(delta["L"].estimate, L, cost, steps, measured_rho),
+                **_with_interval("cost", cost),
+                **_with_interval("rho", measured_rho),
+                **_with_interval("predicted_change", predicted),
+                "predicted_pays": _pays(predicted),
                 **{f"net_{p}": n.estimate for p, n in net.items()},
                 **{f"net_{p}_{end}": getattr(n, end) for p, n in net.items() for end in ("low", "high")},
                 "measured_pays": net["decode"].estimate > 0,
             }
         )
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    if len(table):
+        determined = table.predicted_pays != "undetermined"
+        table["agrees"] = [
+            (pays == "yes") == measured if known else None
+            for pays, measured, known in zip(table.predicted_pays, table.measured_pays, determined, strict=True)
+        ]
+    return table
+
+
+def _with_interval(name: str, interval: Interval) -> dict[str, float]:
+    return {name: interval.estimate, f"{name}_low": interval.low, f"{name}_high": interval.high}
+
+
+def _pays(predicted: Interval) -> str:
+    """The cost rule's verdict: yes or no where the predicted change's interval excludes 0."""
+    if predicted.low > 0:
+        return "yes"
+    return "no" if predicted.high < 0 else "undetermined"
+
+
+def _predicted_change(base: dict[str, np.ndarray], corrected: dict[str, np.ndarray]) -> np.ndarray:
+    """Paper eq. 4 from pooled sums: the uncorrected loop's L, rho and passes per round, the change in L, the cost."""
+    L = METRICS["L"](base)
+    steps = base["passes"] / base["rounds"]
+    return predicted_speed_change(METRICS["L"](corrected) - L, L, _correction_cost(base, corrected), steps, _rho(base))
 
 
 def _readout_errors(traces: list[Trace]) -> list[int]:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from specasr.cli import main
-from specasr.dataset import evaluation_set, load_manifest
+from specasr.dataset import evaluation_set, load_manifest, spread
 from specasr.experiments import COMMAND, Grid, GridRuns, run_grid, stored_grid
 from specasr.intervals import bootstrap, pooled_bootstrap
 from specasr.pipeline import Pipeline
@@ -214,7 +214,7 @@ def test_outcome_and_runtime_tables_against_hand_computation(runtime_grid):
     assert (outcome.accepted, outcome.rejected) == (2, 2)
     assert (outcome.accepted_median_ms, outcome.rejected_median_ms) == (12.5 * 20, 8.5 * 20)
     # large (> 200 ms = 10 frames): accepted 20 of (5, 20); rejected 15 of (2, 15)
-    assert (outcome.large_at_accept, outcome.large_at_reject, outcome.odds_ratio) == (0.5, 0.5, 1.0)
+    assert (outcome.large_at_accept, outcome.large_at_reject, outcome.odds_ratio) == (0.5, 0.5, 1.0)  # 1.5 per cell
 
     row = found.runtime.iloc[0]
     assert (row.draft, row.window, row.k) == ("anchordraft", "runtime", 4)
@@ -231,12 +231,16 @@ def test_outcome_and_runtime_tables_against_hand_computation(runtime_grid):
     # The centres against reference 100: depth 1 at 103, 103, 96; depth 2 at 106, 91; depth 3 at 88.
     assert row.centre_error_by_depth == [3, 7.5, 12, None]
     assert (row.centre_error_frames, row.centre_error_ms) == (5, 100)  # errors 3, 3, 4, 6, 9, 12
-    assert row.predicted_pays == (row.gross > row.cost / (1 + 4 * row.rho))
+    assert (row.predicted_change > 0) == (row.gross > row.cost / (1 + 4 * row.rho))  # eq. 4 and eq. 5 agree
     # Eq. 4: L = 3/4, dL = 11/12, K = 4 proposals per round, rho = 0.0625, the cost above.
     cost = (0.8 / 3 - 0.2 + 4 * (0.17 / 12 - 0.05 / 4)) / 0.2
     predicted = (1 + 4 * 0.0625) * (1 + 3 / 4 + 11 / 12) / ((1 + 3 / 4) * (1 + 4 * 0.0625 + cost)) - 1
-    assert row.predicted_change == pytest.approx(predicted) and row.predicted_pays == (predicted > 0)
+    assert row.predicted_change == pytest.approx(predicted) and predicted > 0
+    # Over two clips the interval reaches below 0 (v alone: its cost outweighs its dL): the rule cannot tell.
+    assert row.predicted_change_low < 0 < row.predicted_change_high and row.predicted_pays == "undetermined"
+    assert row.cost_low <= row.cost <= row.cost_high and row.rho_low <= row.rho <= row.rho_high
     assert row.net_decode == pytest.approx(0.0) and not row.measured_pays  # 2.0 s in both loops
+    assert row.agrees is None  # sign agreement is counted over determined predictions only
     assert row.net_total == pytest.approx(0.0) and row.net_decode_low <= 0 <= row.net_decode_high
 
 
@@ -414,6 +418,15 @@ def test_experiment_command_prints_the_tables_as_json(capsys, sample_clips, tmp_
     assert verdict["ratio"] == record["aa"][0]["ratio"] and len(verdict["interval"]) == 2
     assert main([*command, "--window", "sideways", "--db", db]) == 2
     assert "unknown window" in capsys.readouterr().err
+
+
+def test_spread_takes_even_steps_through_the_whole_manifest():
+    rows = load_manifest()
+    taken = spread(rows, 40)
+    assert len(taken) == len(set(taken)) == 40 and taken[0] == rows[0]
+    assert len(rows) - rows.index(taken[-1]) <= -(-len(rows) // 40)  # within a step of the end, not 3/4 of the way
+    assert {evaluation_set(u.id) for u in taken} == {evaluation_set(u.id) for u in rows}  # every source shows up
+    assert spread(rows[:3], 5) == rows[:3]
 
 
 def test_evaluation_sets_come_from_the_manifest(tmp_path):

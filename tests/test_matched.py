@@ -129,8 +129,9 @@ def test_outcome_table_splits_reached_proposals_by_outcome():
     # depth 1: accepted errors 0, 10 (a) and 0 (b); rejected 0 (a) and 20 (b)
     assert table.loc[1, ["accepted", "rejected"]].tolist() == [3, 2]
     assert table.loc[1, "accepted_error_frames"] == 0 and table.loc[1, "rejected_error_frames"] == 10
-    # large (> 10 frames): rejected 1 of 2, accepted 0 of 3: the odds ratio divides by zero
-    assert np.isinf(table.loc[1, "odds_ratio"]) or np.isnan(table.loc[1, "odds_ratio"])
+    # large (> 10 frames): rejected 1 of 2, accepted 0 of 3; an empty cell counts a half: (1.5/1.5) / (0.5/3.5)
+    assert table.loc[1, "odds_ratio"] == pytest.approx(7.0)
+    assert table.loc[1, "odds_low"] < table.loc[1, "odds_high"]  # no draw dropped for an empty cell
 
 
 def test_draft_contrasts_pair_drafts_at_equal_window():

@@ -274,6 +274,6 @@ def test_outcome_error_and_its_odds_ratio():
     assert (found.accepted, found.rejected) == (3, 4)
     assert (found.accepted_median_ms, found.rejected_median_ms) == (40, 325)
     assert (found.large_at_accept, found.large_at_reject) == (pytest.approx(1 / 3), 0.75)
-    assert found.odds_ratio == pytest.approx((0.75 / 0.25) / ((1 / 3) / (2 / 3)))  # 6
+    assert found.odds_ratio == pytest.approx((3.5 / 1.5) / (1.5 / 2.5))  # each cell plus a half
     with pytest.raises(ValueError, match="both accepted and rejected"):
         outcome_error([20, 40], [True, True])
