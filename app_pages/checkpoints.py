@@ -12,7 +12,7 @@ from specasr.compare import COLUMNS, DIFFERENCE, Comparison, compare, compare_ru
 from specasr.dataset import load_manifest, spread
 from specasr.draft import shipped_drafts
 from specasr.experiments import REPEATS, Grid, GridRuns, draft_label, grid_traces, run_grid
-from specasr.intervals import aa_verdict, aa_warning
+from specasr.intervals import aa_warning, unreliable_mark
 from specasr.metrics import depth_profile
 from specasr.pooled import Weighting, weighting
 from specasr.report import AGGREGATION, repetition_note, tables
@@ -132,9 +132,7 @@ with tab_run:
             st.warning(result["note"])
         for reason in result["not_stored"]:
             st.warning(f"Not stored (shown here only): {reason}")
-        verdict = aa_verdict(result["aa"])
-        unreliable = " (UNRELIABLE speed figures: the A/A check below)" if verdict and not verdict["reliable"] else ""
-        st.subheader(f"Each draft{unreliable}")
+        st.subheader(f"Each draft{unreliable_mark(result['aa'])}")
         st.dataframe(cells.drop(columns=["s"]), hide_index=True, key="checkpoint_cells")
         pairs = result["pairs"]
         st.subheader(f"Differences from {pairs[0].draft_b}: {DIFFERENCE}")

@@ -204,6 +204,13 @@ def aa_verdict(table: pd.DataFrame) -> dict | None:
     }
 
 
+def unreliable_mark(table: pd.DataFrame) -> str:
+    """What a speed table's title carries where the A/A check beside it (aa_table) finds it unreliable; empty where
+    it is reliable or there was no A/A copy."""
+    verdict = aa_verdict(table)
+    return " (UNRELIABLE speed figures: the A/A check below)" if verdict and not verdict["reliable"] else ""
+
+
 def aa_warning(table: pd.DataFrame) -> str | None:
     """Why the speed tables beside an A/A check (aa_table) are unreliable; None where they are reliable."""
     failed = table[~table.reliable.astype(bool)]

@@ -32,3 +32,10 @@ def test_the_module_map_names_every_module_of_the_package():
 def test_no_module_is_over_500_lines():
     long = {path.name: n for path in _modules() if (n := len(path.read_text().splitlines())) > 500}
     assert long == {}
+
+
+def test_the_compiled_steps_tables_are_regenerated_from_their_stored_outputs():
+    from scripts.compile_tables import decode_table, step_table
+
+    readme = (ROOT / "README.md").read_text()
+    assert decode_table() in readme and step_table() in readme

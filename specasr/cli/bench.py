@@ -24,13 +24,11 @@ from specasr.cli.options import (
 from specasr.cli.output import Report, RunStore, json_value, records
 from specasr.dataset import DEFAULT_SPEECH_DIR, load_manifest, spread
 from specasr.experiments import REPEATS, shape_label
-from specasr.intervals import aa_verdict, aa_warning
+from specasr.intervals import aa_verdict, aa_warning, unreliable_mark
 from specasr.peers import TARGET_LAYERS
 from specasr.pipeline import Pipeline
 from specasr.report import repetition_note
 from specasr.trace import DECODERS, Settings
-
-UNRELIABLE = "UNRELIABLE speed figures (the A/A check below):\n"
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -77,15 +75,15 @@ def run(args: argparse.Namespace) -> int:
         report.print(json.dumps(record | {"runs": runs}, default=json_value))
         report.save()
     else:
-        unreliable = "" if aa_verdict(aa)["reliable"] else UNRELIABLE
-        report.print(unreliable + table.to_string(index=False, float_format="%.4f"))
+        speed = unreliable_mark(aa)
+        report.print(f"Per clip{speed}\n{table.to_string(index=False, float_format='%.4f')}")
         report.print(
             f"\n{args.target}, K={','.join(map(str, args.k))}, {_shapes(args)}, window={args.window}, "
             f"{args.device} {args.dtype} "
             f"(drafts {args.draft_dtype or args.dtype}), {args.repeats} repeats; baseline: {table.baseline.iloc[0]}, "
             "the fastest greedy loop of ours"
         )
-        report.print(unreliable + arm_rows.to_string(index=False, float_format="%.3f"))
+        report.print(f"Per arm{speed}\n{arm_rows.to_string(index=False, float_format='%.3f')}")
         report.print(f"\nA/A check: {aa.arm.iloc[0]} over its copy, timed side by side")
         report.print(aa.drop(columns="arm").to_string(index=False, float_format="%.3f"))
         report.warn(aa_warning(aa), repetition_note(args.repeats))

@@ -21,7 +21,7 @@ from specasr.cli.options import (
 )
 from specasr.cli.output import Report, json_value, not_stored, records
 from specasr.experiments import PROTOCOL, REPEATS, Grid, run_grid
-from specasr.intervals import aa_verdict, aa_warning
+from specasr.intervals import aa_verdict, aa_warning, unreliable_mark
 from specasr.pipeline import Pipeline
 from specasr.report import AGGREGATION, repetition_note, tables
 from specasr.store import Store
@@ -72,8 +72,7 @@ def _print_tables(report: Report, args: argparse.Namespace, clips, runs, found, 
     report.print(f"{args.target} on {len(clips)} clips of {args.data} x {args.repeats} repeats")
     report.print(f"greedy run {runs.baseline or '(not stored)'}, verification-peaks run {runs.peaks or '(not stored)'}")
     report.print(f"protocol: {PROTOCOL}\n{aggregation}")
-    verdict = aa_verdict(found.aa)
-    speed = " (UNRELIABLE speed figures: the A/A check below)" if verdict and not verdict["reliable"] else ""
+    speed = unreliable_mark(found.aa)
     for title, table, number_format in (
         (f"Cells (Tables 1, 2, 3, 6){speed}", found.cells.drop(columns="s"), "%.3f"),
         (f"Contrasts, b-a (Tables 1, 2, 3, 6, 16){speed}", found.contrasts, "%+.3f"),
