@@ -71,7 +71,8 @@ found = experiment_tables(str(widgets.store().path), target, key)
 if len(found["runtime"]):
     st.plotly_chart(cost_rule_figure(found["runtime"]), key="rule_figure")
     st.caption(
-        "Each point is a runtime-corrected cell against the unrestricted loop of the same draft, K and threshold: "
+        "Each point is a runtime-corrected cell against an uncorrected loop of the same draft, K and threshold (no "
+        "window, or the window shifted 0.5 s: the `uncorrected` column): "
         "above the dashed line the rule predicts a gain; green where the measured decode phase got faster. In the "
         "table, predicted_change (eq. 4) stands beside the measured net_decode; readout_error is the runtime layer's "
         "peak against the forced alignment, centre_error the window's centre (by depth 1..K)."

@@ -174,8 +174,9 @@ def _word_error(arm_a: list[ClipResult], arm_b: list[ClipResult]) -> list[Differ
 
     try:
         a, b = (pooled_estimate(rate, [arm], strata) for arm in columns)
+        resample_sets = all(r.resample_sets for r in arm_a)
         interval = pooled_bootstrap(
-            lambda a, b: rate(a) - rate(b), columns, DRAWS, SEED, strata=strata, resample_strata=True
+            lambda a, b: rate(a) - rate(b), columns, DRAWS, SEED, strata=strata, resample_strata=resample_sets
         )
     except ValueError:  # no reference words
         return []

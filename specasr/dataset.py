@@ -1,6 +1,7 @@
 """Speech clips listed in a manifest.tsv (id, path, duration_s, speaker[, text]), read in place."""
 
 import csv
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,8 +74,16 @@ def heldout_ids() -> frozenset[str]:
 
 
 def load_utterances(data: Path | str) -> list[Utterance]:
-    """A manifest's rows, or with `heldout` the held-out clips of train-speech-2."""
-    if str(data) == "heldout":
-        held = heldout_ids()
-        return [u for u in load_manifest(TRAIN_SPEECH_2_DIR) if u.id in held]
-    return load_manifest(Path(data))
+    """A manifest's rows, several manifests' (comma-separated) one after the other, or with `heldout` the held-out
+    clips of train-speech-2."""
+    utterances = []
+    for name in str(data).split(","):
+        if name == "heldout":
+            held = heldout_ids()
+            utterances += [u for u in load_manifest(TRAIN_SPEECH_2_DIR) if u.id in held]
+        else:
+            utterances += load_manifest(Path(name))
+    repeated = sorted(id for id, n in Counter(u.id for u in utterances).items() if n > 1)
+    if repeated:
+        raise ValueError(f"{data}: the manifests list {', '.join(repeated[:3])} more than once")
+    return utterances

@@ -39,9 +39,8 @@ PROTOCOL = (
     "(its accepted path, then the draft's most probable node), anchor errors over the proposals each depth reaches"
 )
 AGGREGATION = (
-    "within a set, s_k and a_k^c pooled over rounds and sets weighted equally; 95% paired bootstrap intervals "
-    "(10,000 draws, seed 0): clips resampled within their set, and the sets themselves where there are several, the "
-    "same clips in every condition; anchor errors and outcome medians pooled over clips"
+    "within a set, s_k and a_k^c pooled over rounds; 95% paired bootstrap intervals (10,000 draws, seed 0) resampling "
+    "clips within their set, the same clips in every condition; anchor errors and outcome medians pooled over clips"
 )
 STARTS = {
     "loop": "the round starts of the unrestricted real loop of the same draft, K and tree",
@@ -299,6 +298,7 @@ class Condition:
     width: int  # the draft tree's width (1: a chain)
     nodes: int  # tree nodes verified per round
     rollouts: list[Rollouts]
+    resample_sets: bool = True  # intervals resample the sets too (`Weighting.resample_sets`)
 
     @property
     def name(self) -> dict[str, str | int]:
@@ -317,7 +317,8 @@ class Condition:
 
 def _interval(statistic: Callable[..., np.ndarray], arms: list[Condition]) -> Interval:
     columns = [arm.columns for arm in arms]
-    return pooled_bootstrap(statistic, columns, DRAWS, SEED, strata=arms[0].strata, resample_strata=True)
+    first = arms[0]
+    return pooled_bootstrap(statistic, columns, DRAWS, SEED, strata=first.strata, resample_strata=first.resample_sets)
 
 
 def _estimate(metric: Callable[..., np.ndarray], condition: Condition) -> float | None:
@@ -336,10 +337,12 @@ def run_matched(
     weights: Weighting,
     starts: str = "loop",
 ) -> list[Condition]:
-    """Every draft under every window from the same round starts, clip by clip."""
+    """Every draft under every window from the same round starts, clip by clip; clips the weighting leaves out of
+    its estimate are not rolled out."""
     target = pipeline.target(settings)
     found = {(d, w): [] for d in drafts for w in windows}
-    for clip in tqdm(clips, desc="matched rounds", unit="clip"):
+    counted = [clip for clip in clips if weights.groups[clip.hash] is not None]
+    for clip in tqdm(counted, desc="matched rounds", unit="clip"):
         view = read_clip(pipeline, settings, clip, weights.sets[clip.hash])
         for name in drafts:
             cell = replace(settings, draft=name)
@@ -349,7 +352,8 @@ def run_matched(
                 rollouts = roll_out(target, draft, view, replace(cell, window=window), first, weights.groups[clip.hash])
                 found[name, window].append(rollouts)
     tree_shape = settings.tree_width, settings.nodes
-    return [Condition(draft_label(d), w, *tree_shape, rollouts) for (d, w), rollouts in found.items()]
+    resample = weights.resample_sets
+    return [Condition(draft_label(d), w, *tree_shape, rollouts, resample) for (d, w), rollouts in found.items()]
 
 
 def depth_table(conditions: list[Condition]) -> pd.DataFrame:

@@ -2,17 +2,16 @@
 sums over clips, weighted over evaluation sets, with paired bootstrap intervals.
 
 Aggregation as in the paper where the evaluation sets allow it: every metric is taken within each set and the sets
-are weighted equally, but only sets of at least MIN_SET_CLIPS clips count as sets of their own (`weighting`). Within
-a set, acceptance is pooled over the rounds of each cell's first repetition (every repetition decodes the same
-tokens) and speed is total time over total time of each clip's median over repetitions. Intervals are paired
-bootstrap percentile intervals: the same clips in both arms, clips resampled within their set, the sets themselves
-resampled where there are several, and for speed the repetitions of each drawn clip resampled too (the same ones in
-every arm, timed side by side), so that speed intervals hold run-to-run noise.
-"""
+of at least MIN_SET_CLIPS clips are weighted equally (`weighting`). Within a set, acceptance is pooled over the rounds
+of each cell's first repetition (every repetition decodes the same tokens) and speed is total time over total time of
+each clip's median over repetitions. Intervals are paired bootstrap percentile intervals: the same clips in both
+arms, clips resampled within their set, and the sets themselves resampled too unless the intervals condition on them.
+Repetition noise is the A/A check's to measure (intervals.aa_verdict)."""
 
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -29,31 +28,47 @@ LARGE_ERROR_MS = 200.0
 @dataclass(frozen=True)
 class Weighting:
     """How clips are grouped before their metrics are averaged: each clip's evaluation set, the set it is weighted
-    in, and the rule that made them."""
+    in (None: left out of the weighted estimate), whether intervals resample the sets, and the rule in words."""
 
     sets: dict[str, str]  # clip hash -> its evaluation set
-    groups: dict[str, str]  # clip hash -> the set whose metrics it counts in
+    groups: dict[str, str | None]  # clip hash -> the set whose metrics it counts in; None: reported apart only
     rule: str  # in words, with each set's size
+    resample_sets: bool = True  # False: intervals condition on the sets, resampling clips within them only
+
+    def each_set(self) -> "Weighting":
+        """Every set on its own, as the per-set tables take them."""
+        return replace(self, groups=dict(self.sets), rule="each set on its own")
 
 
-def weighting(sets: dict[str, str], minimum: int = MIN_SET_CLIPS) -> Weighting:
-    """Evaluation sets (clip hash -> set) of at least `minimum` clips are weighted equally, and the clips of smaller
-    sets make one set more if together they reach `minimum`. Where they do not, or fewer than two sets would remain,
-    every metric is pooled over all clips: a set of a few clips weighted like one of dozens would carry the estimate
-    with next to no variance to show for it."""
+def weighting(sets: dict[str, str], minimum: int = MIN_SET_CLIPS, resample_sets: bool = True) -> Weighting:
+    """Evaluation sets (clip hash -> set) of at least `minimum` clips are weighted equally. The clips of smaller sets
+    make one set more, "other", where together they reach `minimum`; where they do not, they are left out of the
+    weighted estimate and reported apart: a set of a few clips weighted like one of dozens would carry the estimate
+    with next to no variance to show for it. Where no set reaches `minimum`, every clip is pooled as one set."""
     sizes = Counter(sets.values())
     large = sorted(name for name, n in sizes.items() if n >= minimum)
-    small = sorted(name for name, n in sizes.items() if n < minimum)
+    small = sorted((name for name, n in sizes.items() if n < minimum), key=lambda name: (-sizes[name], name))
     merged = sum(sizes[name] for name in small)
-    listed = ", ".join(f"{name} ({sizes[name]})" for name in large)
-    if len(large) + (merged >= minimum) < 2 or 0 < merged < minimum:
-        why = f"sets under {minimum} clips: {', '.join(small)} ({merged} clips)" if small else "one set"
-        return Weighting(sets, dict.fromkeys(sets, "all"), f"pooled over all {len(sets)} clips as one set ({why})")
-    if not small:
-        return Weighting(sets, sets, f"sets of at least {minimum} clips weighted equally: {listed}")
-    group = f"{len(small)} smaller sets"
-    rule = f"sets of at least {minimum} clips weighted equally: {listed}, {group} merged ({merged} clips)"
-    return Weighting(sets, {clip: group if name in small else name for clip, name in sets.items()}, rule)
+    intervals = "intervals resample the sets too" if resample_sets else "intervals condition on the sets"
+    listed = ", ".join(f"{name} ({sizes[name]})" for name in small)
+    if not large:
+        why = "; merged" if merged >= minimum else ""
+        rule = f"no set reaches {minimum} clips: pooled over all {len(sets)} clips as one set{why} ({listed})"
+        return Weighting(sets, dict.fromkeys(sets, "all"), rule, resample_sets)
+    rule = f"sets of at least {minimum} clips weighted equally: " + ", ".join(f"{n} ({sizes[n]})" for n in large)
+    small_group = None
+    if merged >= minimum:
+        rule += f"; sets under {minimum} clips merged into one set, other ({merged} clips): {listed}"
+        small_group = "other"
+    elif small:
+        rule += (
+            f"; sets under {minimum} clips left out of the weighted estimate and reported apart, as together they "
+            f"make no set of {minimum}: {listed}"
+        )
+    groups = {clip: small_group if name in small else name for clip, name in sets.items()}
+    if len(set(groups.values()) - {None}) > 1:
+        rule += f"; {intervals}"
+    return Weighting(sets, groups, rule, resample_sets)
 
 
 @dataclass(frozen=True)
@@ -63,6 +78,7 @@ class ClipResult:
     trace: Trace  # the first repetition
     subset: str  # the clip's evaluation set
     group: str  # the set it is weighted in (`weighting`)
+    resample_sets: bool  # intervals resample the sets too (`Weighting.resample_sets`)
     decode: tuple[float, ...]  # seconds, repetition by repetition (the baseline's beside them: timed side by side)
     total: tuple[float, ...]
     greedy_decode: tuple[float, ...]
@@ -74,18 +90,20 @@ class ClipResult:
 
 def clip_results(baseline: list[Trace], traces: list[Trace], weights: Weighting | None = None) -> list[ClipResult]:
     """A cell's clips in the baseline's order, each with its repetitions' timings and its sets (one set for all where
-    `weights` is not given)."""
+    `weights` is not given); clips the weighting leaves out are not among them."""
     cell = _by_clip(traces)
     results = []
     for clip_hash, greedy in _by_clip(baseline).items():
         repeats = cell.get(clip_hash)
-        if repeats is None:
+        group = weights.groups[clip_hash] if weights else "all"
+        if repeats is None or group is None:
             continue
         results.append(
             ClipResult(
                 trace=repeats[0],
                 subset=weights.sets[clip_hash] if weights else "all",
-                group=weights.groups[clip_hash] if weights else "all",
+                group=group,
+                resample_sets=weights.resample_sets if weights else True,
                 decode=_seconds(repeats, "decode"),
                 total=_seconds(repeats, "total"),
                 greedy_decode=_seconds(greedy, "decode"),
@@ -155,27 +173,35 @@ SPEEDS = ("decode_speedup", "total_speedup")
 TIMINGS = ("decode", "total", "greedy_decode", "greedy_total", "draft", "verify")  # columns of clips x repetitions
 
 
-Columns = tuple[list[dict[str, np.ndarray]], list[str]]  # each arm's clip columns, and each clip's evaluation set
+class Columns(NamedTuple):
+    """Each arm's clip columns, each clip's weighted set, and whether intervals resample the sets."""
+
+    arms: list[dict[str, np.ndarray]]
+    strata: list[str]
+    resample_sets: bool = True
 
 
 def arm_columns(*arms: list[ClipResult]) -> Columns:
     """The arms' clip columns, built once for every metric taken of them (the arms hold the same clips)."""
-    return [clip_columns(arm) for arm in arms], [r.group for r in arms[0]]
+    first = arms[0]
+    return Columns([clip_columns(arm) for arm in arms], [r.group for r in first], all(r.resample_sets for r in first))
 
 
 def bootstrap_interval(statistic: Callable[..., np.ndarray], columns: Columns, timed: bool = True) -> Interval:
     """The statistic's interval; a timed one (reading TIMINGS) resamples each clip's repetitions too, and one that
     is not is spared that work."""
-    arms, strata = columns
+    arms = columns.arms
     if not timed:
         arms = [{name: column for name, column in arm.items() if name not in TIMINGS} for arm in arms]
     repeated = TIMINGS if timed else ()
-    return pooled_bootstrap(statistic, arms, DRAWS, SEED, strata=strata, resample_strata=True, repeated=repeated)
+    return pooled_bootstrap(
+        statistic, arms, DRAWS, SEED, strata=columns.strata, resample_strata=columns.resample_sets, repeated=repeated
+    )
 
 
 def point_estimate(metric: Callable[..., np.ndarray], columns: Columns) -> float | None:
     try:
-        return pooled_estimate(metric, *columns, repeated=TIMINGS)
+        return pooled_estimate(metric, columns.arms, columns.strata, repeated=TIMINGS)
     except ValueError:
         return None
 

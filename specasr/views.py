@@ -403,7 +403,10 @@ def cost_rule_figure(runtime: pd.DataFrame) -> go.Figure:
         x=cost,
         y=recovered,
         mode="markers+text",
-        text=[f"{d} {w} K={k}" for d, w, k in zip(runtime.draft, runtime.window, runtime.k, strict=True)],
+        text=[
+            f"{d} {w} over {u} K={k}"
+            for d, w, u, k in zip(runtime.draft, runtime.window, runtime.uncorrected, runtime.k, strict=True)
+        ],
         textposition="top center",
         marker={"size": 12, "color": [ACCEPTED if paid else REJECTED for paid in runtime.measured_pays]},
         name="cell (green: measured faster)",

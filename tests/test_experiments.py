@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from specasr.cli import main
-from specasr.dataset import evaluation_set, load_manifest, spread
+from specasr.dataset import DEFAULT_SPEECH_DIR, evaluation_set, load_manifest, load_utterances, spread
 from specasr.experiments import COMMAND, Grid, GridRuns, run_grid, stored_grid
 from specasr.intervals import bootstrap, pooled_bootstrap
 from specasr.pipeline import Pipeline
@@ -256,6 +256,30 @@ def test_runtime_table_weights_evaluation_sets_equally(runtime_grid):
     assert row.rho == pytest.approx((0.05 / 4) / 0.2)
 
 
+@pytest.mark.parametrize("corrected_decode, agrees", [(1.0, True), (3.0, False)])
+def test_a_shifted_draft_corrected_gains_accepted_length_and_the_sign_test_can_fail(tmp_path, corrected_decode, agrees):
+    """Shifted, the draft accepts nothing; the runtime window wins back L = 2 at no added cost per round, so the rule
+    predicts a gain on every clip. Measured faster (1.0 s against 2.0) the sign agrees; measured slower, it does not."""
+    store = Store(tmp_path / "runs.duckdb")
+    greedy, shift = replace(BASE, k=0), replace(BASE, draft="anchordraft", window="shift")
+    runtime = replace(shift, window="runtime")
+    clips = [f"c{i}" for i in range(6)]
+    baseline = store.write_run([hand_trace(greedy, c, [], 2.0) for c in clips], COMMAND)
+    peaks = store.write_run([peaks_trace(c, [1, 2], [0]) for c in clips], COMMAND)
+
+    def cell(settings: Settings, rounds: list[int], decode: float) -> str:
+        steps = restarts(rounds, [0] * len(rounds))
+        traces = [hand_trace(settings, c, rounds, decode, steps=steps, round_seconds=(0.05, 0.2)) for c in clips]
+        return store.write_run(traces, COMMAND)
+
+    cells = {shift: cell(shift, [0, 0, 0, 0, 0, 0], 2.0), runtime: cell(runtime, [2, 2], corrected_decode)}
+    row = tables(store, GridRuns(baseline, peaks, cells)).runtime.set_index("uncorrected").loc["shift"]
+    assert row.window == "runtime" and row.d_L == pytest.approx(2) and row.d_L_low > 0
+    assert row.cost == pytest.approx(0) and row.predicted_change == pytest.approx(3 / 1 - 1)
+    assert row.predicted_pays == "yes" and row.agrees == agrees
+    assert row.net_decode == pytest.approx(2.0 / corrected_decode - 1)
+
+
 def test_window_contrasts_pair_cells_that_differ_only_in_window(hand_grid):
     store, runs = hand_grid
     control = next(s for s in runs.cells if s.draft == "control")
@@ -317,17 +341,34 @@ def test_bootstrap_interval_of_a_known_case():
     assert (wider.estimate, wider.low, wider.high) == (1.25, 0.25, 2.0)
 
 
-def test_small_evaluation_sets_are_not_weighted_as_sets_of_their_own():
-    names = ["a"] * 35 + ["b"] * 35 + ["c"] * 4 + ["d"] * 2 + ["e", "f"]  # ../shared/data/speech's every second clip
-    developer_set = {f"c{i}": name for i, name in enumerate(names)}
-    pooled = weighting(developer_set)  # 8 clips in four small sets make no set of 20 even merged
-    assert set(pooled.groups.values()) == {"all"} and pooled.sets == developer_set
-    assert pooled.rule == "pooled over all 78 clips as one set (sets under 20 clips: c, d, e, f (8 clips))"
-    merged = weighting(developer_set, minimum=5)
-    assert Counter(merged.groups.values()) == {"a": 35, "b": 35, "4 smaller sets": 8}
-    assert merged.rule == "sets of at least 5 clips weighted equally: a (35), b (35), 4 smaller sets merged (8 clips)"
-    assert weighting(developer_set, minimum=1).groups == developer_set
-    assert set(weighting({"c1": "a", "c2": "a"}, minimum=1).groups.values()) == {"all"}  # one set: nothing to weigh
+def test_sets_of_the_minimum_are_weighted_equally_and_smaller_ones_merge_or_stand_apart():
+    names = ["a"] * 70 + ["b"] * 70 + ["c"] * 8 + ["d"] * 4 + ["e"] * 2 + ["f", "g"]  # ../shared/data/speech's sizes
+    speech = {f"c{i}": name for i, name in enumerate(names)}
+    apart = weighting(speech)  # 16 clips in small sets make no set of 20: reported apart, out of the estimate
+    assert Counter(apart.groups.values()) == {"a": 70, "b": 70, None: 16} and apart.sets == speech
+    assert apart.rule == (
+        "sets of at least 20 clips weighted equally: a (70), b (70); sets under 20 clips left out of the weighted "
+        "estimate and reported apart, as together they make no set of 20: c (8), d (4), e (2), f (1), g (1); "
+        "intervals resample the sets too"
+    )
+    merged = weighting(speech, minimum=10)
+    assert Counter(merged.groups.values()) == {"a": 70, "b": 70, "other": 16}
+    assert "sets under 10 clips merged into one set, other (16 clips): c (8), d (4), e (2), f (1), g (1)" in merged.rule
+    assert weighting(speech, minimum=1).groups == speech
+    one = weighting({"c1": "a", "c2": "a", "c3": "b"})  # no set reaches the minimum: the clips pooled as one
+    assert set(one.groups.values()) == {"all"}
+    assert one.rule.startswith("no set reaches 20 clips: pooled over all 3 clips as one set")
+    conditioned = weighting(speech, resample_sets=False)
+    assert conditioned.groups == apart.groups and conditioned.rule.endswith("intervals condition on the sets")
+    assert weighting(speech).each_set().groups == speech
+
+
+def test_clips_of_sets_left_out_count_in_the_per_set_tables_only():
+    greedy = [hand_trace(replace(BASE, k=0), clip, [], 1.0, [7, 7]) for clip in "uvw"]
+    cell = [hand_trace(replace(BASE, draft="control"), clip, [1], 0.5) for clip in "uvw"]
+    weights = weighting({"hash-u": "big", "hash-v": "big", "hash-w": "small"}, minimum=2)
+    assert [r.trace.clip_hash for r in clip_results(greedy, cell, weights)] == ["hash-u", "hash-v"]
+    assert [r.group for r in clip_results(greedy, cell, weights.each_set())] == ["big", "big", "small"]
 
 
 def test_a_grid_runs_once_and_resumes_without_duplicates(sample_clips, tmp_path):
@@ -409,7 +450,7 @@ def test_experiment_command_prints_the_tables_as_json(capsys, sample_clips, tmp_
     assert {row["k"] for row in record["sweep"]} == {2, 3} and sum(row["fastest"] for row in record["sweep"]) == 1
     layers = [row for row in record["peaks"] if row["source"].endswith("verification")]
     assert len(layers) == 4 and sum(row["runtime_layer"] for row in layers) == 1  # tiny.en: four decoder layers
-    assert record["aggregation"].startswith("pooled over all 2 clips as one set (sets under 20 clips: ")
+    assert record["aggregation"].startswith("no set reaches 20 clips: pooled over all 2 clips as one set (")
     assert record["protocol"].startswith("real loop")
     assert [row["phase"] for row in record["aa"]] == ["decode", "total"] and record["second_baseline_run"]
     assert record["timing_note"] == "one timing repetition per clip: a clip's time is one run, stalls included"
@@ -440,3 +481,14 @@ def test_evaluation_sets_come_from_the_manifest(tmp_path):
     assert [u.subset for u in load_manifest(tmp_path / "manifest.tsv")] == ["clean", "b"]
     with pytest.raises(FileNotFoundError, match="no manifest"):
         load_manifest(tmp_path / "elsewhere")
+
+
+def test_the_fleurs_clips_are_a_set_of_their_own_beside_the_speech_sets():
+    speech = DEFAULT_SPEECH_DIR
+    both = load_utterances(f"{speech},{speech.parent / 'speech-sets'}")
+    sizes = Counter(u.subset for u in both)
+    assert sizes["fleurs-en"] == 10 and sum(sizes.values()) == len(load_manifest()) + 10
+    rule = weighting({u.id: u.subset for u in both}).rule  # with the speech's 16 clips of small sets they make 26
+    assert "merged into one set, other (26 clips): fleurs-en (10), ls-dev-clean (7)" in rule
+    with pytest.raises(ValueError, match="more than once"):
+        load_utterances(f"{speech},{speech}")

@@ -178,11 +178,12 @@ def test_survival_depth_and_cost_rule_figures():
     line = depth_figure(table, "e", "run", "error", "lo", "hi").data[0]
     assert list(line.error_y.array) == [2, 10] and list(line.error_y.arrayminus) == [5, 5]
     runtime = pd.DataFrame(
-        {"draft": ["d"], "window": ["runtime"], "k": [4], "gross": [0.1], "cost": [0.2], "rho": [0.25],
-         "measured_pays": [True], "net_decode": [0.05], "d_L": [0.2]}
+        {"draft": ["d"], "window": ["runtime"], "uncorrected": ["shift"], "k": [4], "gross": [0.1], "cost": [0.2],
+         "rho": [0.25], "measured_pays": [True], "net_decode": [0.05], "d_L": [0.2]}
     )  # fmt: skip
     point = cost_rule_figure(runtime).data[1]
     assert list(point.x) == pytest.approx([0.1]) and list(point.y) == pytest.approx([0.1])  # 0.2 / (1 + 4 * 0.25)
+    assert list(point.text) == ["d runtime over shift K=4"]
 
 
 def long_trace() -> Trace:

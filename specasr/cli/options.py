@@ -290,7 +290,8 @@ def add_data_options(parser: argparse.ArgumentParser, sets: bool = False) -> Non
     parser.add_argument(
         "--data",
         default=DEFAULT_SPEECH_DIR,
-        help="a manifest.tsv or its folder; heldout: the held-out clips of ../shared/data/train-speech-2",
+        help="a manifest.tsv or its folder, several comma-separated; heldout: the held-out clips of "
+        "../shared/data/train-speech-2",
     )
     parser.add_argument("--clips", type=number(int, 1), default=20, help="N clips spread evenly over the manifest")
     if sets:
@@ -298,7 +299,13 @@ def add_data_options(parser: argparse.ArgumentParser, sets: bool = False) -> Non
             "--min-set-clips",
             type=number(int, 1),
             default=MIN_SET_CLIPS,
-            help="evaluation sets smaller than this are merged into one, or every metric pooled over all clips",
+            help="evaluation sets smaller than this are merged into one set, other, if together they reach it, and are "
+            "otherwise left out of the weighted estimate and reported apart",
+        )
+        parser.add_argument(
+            "--condition-on-sets",
+            action="store_true",
+            help="intervals resample clips within each set only, as the paper does (default: the sets too)",
         )
 
 
@@ -338,4 +345,4 @@ def evaluation_clips(args: argparse.Namespace) -> tuple[list[Clip], Weighting]:
     utterances = spread(load_utterances(args.data), args.clips)
     clips = [u.clip(args.max_seconds) for u in utterances]
     sets = {clip.hash: u.subset for clip, u in zip(clips, utterances, strict=True)}
-    return clips, weighting(sets, args.min_set_clips)
+    return clips, weighting(sets, args.min_set_clips, resample_sets=not args.condition_on_sets)
