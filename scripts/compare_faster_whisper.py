@@ -3,10 +3,11 @@
 Both sides get the same log-mel features (transformers' WhisperFeatureExtractor) and decode greedily
 in float32 without timestamps. Prints token-exact agreement and both WERs.
 
-    python -m scripts.compare_faster_whisper --target whisper-base [--limit N]
+    python -m scripts.compare_faster_whisper --target whisper-base [--limit N] [--json]
 """
 
 import argparse
+import json
 
 import ctranslate2
 from tqdm import tqdm
@@ -28,6 +29,7 @@ def main() -> None:
     parser.add_argument("--target", default="whisper-tiny.en")
     parser.add_argument("--speech-dir", default=DEFAULT_SPEECH_DIR)
     parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     args = parser.parse_args()
 
     pipeline, settings = Pipeline(), Settings(target=args.target, verify_peaks=False)
@@ -41,9 +43,14 @@ def main() -> None:
         theirs.append(ct2_greedy(peer, target.features(clip.audio), target.prompt))
     same = sum(a == b for a, b in zip(ours, theirs, strict=True))
     references = [u.text for u in utterances]
+    wer = {name: word_error_rate(references, [target.decode_text(t) for t in tokens]) for name, tokens in
+           (("specasr", ours), ("ctranslate2", theirs))}  # fmt: skip
+    if args.json:
+        print(json.dumps({"target": args.target, "clips": len(utterances), "token_exact": same, "wer": wer}))
+        return
     print(f"{args.target}: token-exact on {same}/{len(utterances)} clips ({100 * same / len(utterances):.1f}%)")
-    print(f"WER specasr {100 * word_error_rate(references, [target.decode_text(t) for t in ours]):.2f}%")
-    print(f"WER ctranslate2 {100 * word_error_rate(references, [target.decode_text(t) for t in theirs]):.2f}%")
+    print(f"WER specasr {100 * wer['specasr']:.2f}%")
+    print(f"WER ctranslate2 {100 * wer['ctranslate2']:.2f}%")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import itertools
 import os
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
@@ -108,6 +109,12 @@ def load_audio(source: str | os.PathLike | bytes | BinaryIO, max_seconds: float 
         raise UnreadableAudioError(f"cannot decode {name}: it is not audio in any format soundfile or FFmpeg can read")
     samples, sample_rate = decoded
     return _validate(samples, sample_rate, max_seconds, name)
+
+
+def load_clip(path: str | os.PathLike, max_seconds: float = DEFAULT_MAX_SECONDS) -> Clip:
+    """The clip in a file, named by its whole file name (as the dashboard names an upload: clip.mp3 and clip.ogg stay
+    apart)."""
+    return Clip(Path(path).name, load_audio(path, max_seconds), path=str(Path(path).resolve()))
 
 
 def validate_samples(

@@ -2,6 +2,7 @@
 
 import importlib.util
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -134,3 +135,16 @@ def test_get_aligner_names():
     assert get_aligner("pocketsphinx").name == "pocketsphinx"
     with pytest.raises(ValueError):
         get_aligner("whisperx")
+
+
+def test_the_aligner_floor_is_the_token_frame_error_against_the_synthesizers_times(clip, aligner, tiny_en):
+    from scripts.validate_aligner import floor, token_frame_errors
+
+    exact = token_frame_errors(tiny_en, clip, clip.words, SENTENCE)
+    assert len(exact) >= len(SENTENCE.split()) and set(exact) == {0}
+    later = [replace(w, start=w.start + 0.1, end=w.end + 0.1) for w in clip.words]
+    assert set(token_frame_errors(tiny_en, clip, later, SENTENCE)) == {5}  # 100 ms on 20 ms frames
+    found = token_frame_errors(tiny_en, clip, aligner.align(clip.audio, SENTENCE), SENTENCE)
+    assert len(found) == len(exact) and max(found) <= 10  # pocketsphinx within 200 ms of espeak's times
+    summary = floor("espeak", "whisper-tiny.en", [0, 1, 2, 5], 1, tiny_en.frame_seconds)
+    assert (summary.mean_frames, summary.median_frames, summary.within_one_frame) == (2.0, 1.5, 0.5)

@@ -25,6 +25,14 @@ def test_transcribe_plain_prints_the_text(capsys, sample_clips):
     assert "cooler judgment" in capsys.readouterr().out
 
 
+def test_eval_prints_word_error_rate_as_json(capsys, speech):
+    assert main(["eval", "--limit", "2", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["target"] == "whisper-tiny.en" and record["utterances"] == 2
+    assert 0 <= record["wer"] < 1 and record["seconds"] > 0
+    assert record["audio_seconds"] == pytest.approx(sum(u.duration for u in speech[:2]))
+
+
 def test_user_mistakes_exit_non_zero_without_traceback(tmp_path):
     not_audio = tmp_path / "notes.wav"
     not_audio.write_text("this is not a wave file")

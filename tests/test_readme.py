@@ -1,18 +1,38 @@
+import re
 from pathlib import Path
 
+import pytest
+
+from scripts.tables import BLOCK, DOCUMENTS, TABLES, regenerated
+from specasr.dataset import DEFAULT_SPEECH_DIR
+
 ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DESCRIPTIVE_TABLES = ('| family | audio memory the draft attends | frame | "audio attention" of a step |',)  # no figures
 
 
 def test_ci_runs_exactly_the_readme_test_command():
     command = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
-    readme = (ROOT / "README.md").read_text()
+    readme = README.read_text()
     assert f"```bash\n{command}\n```" in readme
     assert "streamlit run app.py" in readme
 
 
-def _layout() -> str:
-    readme = (ROOT / "README.md").read_text()
-    return readme[readme.index("## Layout") :]
+def test_the_readme_is_read_in_five_minutes_and_links_only_to_what_exists():
+    readme = README.read_text()
+    assert len(readme.splitlines()) <= 250
+    for link in re.findall(r"\]\(([^)]+)\)", readme):
+        assert (ROOT / link).exists(), link
+
+
+def test_the_readme_python_example_runs(monkeypatch, capsys):
+    if not (DEFAULT_SPEECH_DIR / "manifest.tsv").is_file():
+        pytest.skip(f"shared speech data not found at {DEFAULT_SPEECH_DIR}")
+    example = re.search(r"```python\n(.*?)```", README.read_text(), re.S)[1]
+    monkeypatch.chdir(ROOT)
+    exec(compile(example, "README.md", "exec"), {})
+    printed = capsys.readouterr().out
+    assert "same as greedy: True" in printed and re.search(r"L = \d\.\d\d, decode \d+\.\d\dx", printed)
 
 
 def _modules() -> list[Path]:
@@ -23,10 +43,10 @@ def _modules() -> list[Path]:
     ]
 
 
-def test_the_module_map_names_every_module_of_the_package():
-    layout = _layout()
-    missing = [path.name for path in _modules() if path.parent.name == "specasr" and path.name not in layout]
-    assert missing == [] and "cli/" in layout
+def test_the_architecture_names_every_module_of_the_package():
+    architecture = (ROOT / "docs" / "architecture.md").read_text()
+    missing = [path.name for path in _modules() if path.parent.name == "specasr" and path.name not in architecture]
+    assert missing == [] and "cli/" in architecture
 
 
 def test_no_module_is_over_500_lines():
@@ -34,8 +54,16 @@ def test_no_module_is_over_500_lines():
     assert long == {}
 
 
-def test_the_compiled_steps_tables_are_regenerated_from_their_stored_outputs():
-    from scripts.compile_tables import decode_table, step_table
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda path: path.name)
+def test_every_table_is_regenerated_from_its_stored_output(document):
+    text = document.read_text()
+    assert regenerated(text) == text, f"python -m scripts.tables rewrites {document.name}"
+    outside = BLOCK.sub("", text)
+    headers = [line for line, before in zip(outside.splitlines(), ["", *outside.splitlines()]) if
+               line.startswith("|") and not before.startswith("|")]  # fmt: skip
+    assert [h for h in headers if h not in DESCRIPTIVE_TABLES] == []
 
-    readme = (ROOT / "README.md").read_text()
-    assert decode_table() in readme and step_table() in readme
+
+def test_every_table_the_script_knows_stands_in_a_document():
+    named = {match["name"] for document in DOCUMENTS for match in BLOCK.finditer(document.read_text())}
+    assert named == set(TABLES)

@@ -1,6 +1,7 @@
 """eval: the target's greedy word error rate and real-time factor on a speech set."""
 
 import argparse
+import json
 from pathlib import Path
 
 from tqdm import tqdm
@@ -15,6 +16,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser("eval", help="greedy WER of a target on a speech set (manifest.tsv)")
     p.add_argument("--speech-dir", type=Path, default=DEFAULT_SPEECH_DIR)
     p.add_argument("--limit", type=number(int, 1), default=None, help="only the first N utterances")
+    p.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     add_clip_options(p)
     p.set_defaults(run=run)
 
@@ -29,6 +31,10 @@ def run(args: argparse.Namespace) -> None:
     wer = word_error_rate([u.text for u in utterances], [t.text for t in traces])
     seconds = sum(t.timings.total for t in traces)
     audio_seconds = sum(u.duration for u in utterances)
+    if args.json:
+        record = {"target": args.target, "device": args.device, "dtype": args.dtype, "utterances": len(utterances)}
+        print(json.dumps(record | {"wer": wer, "seconds": seconds, "audio_seconds": audio_seconds}))
+        return
     print(f"{args.target} {args.device} {args.dtype}: WER {100 * wer:.2f}% on {len(utterances)} utterances")
     print(
         f"{seconds:.1f} s to transcribe {audio_seconds:.1f} s of audio (real-time factor {seconds / audio_seconds:.3f})"

@@ -9,7 +9,7 @@ from typing import TypeVar
 import torch
 
 from specasr.align import ALIGNERS
-from specasr.audio import DEFAULT_MAX_SECONDS, Clip, load_audio
+from specasr.audio import DEFAULT_MAX_SECONDS, Clip, load_clip
 from specasr.dataset import DEFAULT_SPEECH_DIR, load_utterances, spread
 from specasr.draft import shipped_drafts
 from specasr.intervals import AA_TOLERANCE
@@ -336,8 +336,8 @@ def drafts(args: argparse.Namespace) -> list[str]:
 
 
 def clip(path: str, args: argparse.Namespace) -> Clip:
-    """The clip named by its whole file name, as the dashboard names an upload: clip.mp3 and clip.ogg stay apart."""
-    return Clip(Path(path).name, load_audio(path, args.max_seconds), path=str(Path(path).resolve()))
+    """The clip in the file `path` (audio.load_clip)."""
+    return load_clip(path, args.max_seconds)
 
 
 def evaluation_clips(args: argparse.Namespace) -> tuple[list[Clip], Weighting]:

@@ -1,0 +1,643 @@
+"""Every measured table of the README and docs/, regenerated from the outputs stored under docs/measurements/.
+
+    python -m scripts.tables          # rewrite each table in place
+    python -m scripts.tables --check  # list the tables that differ from their stored outputs; exit 1 if any
+
+A table stands between `<!-- table: NAME -->` and `<!-- /table -->`; NAME is a key of TABLES, whose function
+reads the stored output and returns the table's markdown. tests/test_readme.py checks that every table of the
+documents is one of these, as regenerated.
+"""
+
+import argparse
+import io
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+
+from specasr.profiling import KINDS
+
+ROOT = Path(__file__).resolve().parents[1]
+MEASURED = ROOT / "docs" / "measurements"
+DOCUMENTS = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
+BLOCK = re.compile(r"(<!-- table: (?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
+TARGETS = ("whisper-tiny.en", "whisper-base")
+SETS = MEASURED / "sets-2026-12-05"
+COMPILE = MEASURED / "compile-2026-12-05"
+TREES = MEASURED / "trees-2026-12-05"
+H200 = MEASURED / "h200-2026-12-04"
+ANCHOR_2X2 = MEASURED / "anchor-2x2-2026-12-04"
+
+
+def markdown(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def short(target: str) -> str:
+    return target.removeprefix("whisper-")
+
+
+def number(value: float | None, digits: int = 3, sign: bool = False) -> str:
+    if value is None or value != value:
+        return "-"
+    return f"{value:+.{digits}f}" if sign else f"{value:.{digits}f}"
+
+
+def interval(row: dict, name: str, digits: int = 3, sign: bool = False, unit: str = "") -> str:
+    """`name` with its 95% interval, as 1.135x [1.061, 1.186]."""
+    low, high = (number(row[f"{name}_{end}"], digits, sign) for end in ("low", "high"))
+    return f"{number(row[name], digits, sign)}{unit} [{low}, {high}]"
+
+
+def stored(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def text_section(path: Path, title: str, spaced: str | None = None) -> pd.DataFrame:
+    """The table printed under the line starting with `title` in a command's stored text output. Values hold no
+    spaces, except in the columns up to `spaced`, which come back joined as one column of that name."""
+    lines = path.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(title)) + 1
+    header = lines[start].split()
+    if spaced is not None:
+        header = header[header.index(spaced) :]
+    rows = []
+    for line in lines[start + 1 :]:
+        if not line.strip():
+            break
+        cells = line.split()
+        rows.append([" ".join(cells[: len(cells) - len(header) + 1]), *cells[len(cells) - len(header) + 1 :]])
+    return pd.read_csv(io.StringIO("\n".join("\t".join(row) for row in [header, *rows])), sep="\t")
+
+
+# The README's headline: one row per claim, each linked to its section of docs/measurements.md
+
+
+def section(heading: str) -> str:
+    """A link to the section of docs/measurements.md under `heading`, as GitHub anchors it."""
+    slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+    return f"[table](docs/measurements.md#{slug})"
+
+
+def _speed(row: dict, phase: str = "decode", pooled: str = "") -> str:
+    found = {"x": row[f"{phase}_speedup{pooled}"], "x_low": row[f"{phase}_speedup_low"]}
+    found["x_high"] = row[f"{phase}_speedup_high"]
+    return interval(found, "x", digits=2, unit="x")
+
+
+def _best_draft(target: str) -> str:
+    """The fastest audio draft of the real loop without a window, and its A/A verdict."""
+    record = _experiment(target)
+    cells = [c for c in record["cells"] if c["window"] == "unrestricted" and c["draft"] != "no-audio"]
+    best = max(cells, key=lambda cell: cell["decode_speedup"])
+    mark = "" if record["timing"]["aa"]["reliable"] else " UNRELIABLE"
+    return f"{_speed(best)}{mark}, {best['draft']}, L {best['L']:.2f}"
+
+
+def _peer(target: str, arm: str) -> str:
+    row = next(r for r in stored(SETS / f"peers-{target}.json")["summary"] if r["arm"] == arm)
+    return _speed(row, "total", "_pooled")
+
+
+def _gpu_best(target: str) -> str:
+    rows = stored(H200 / f"float16-{target}.summary.json")["summary"]
+    best = max((r for r in rows if r.get("L") is not None), key=lambda row: row["decode_speedup_pooled"])
+    return f"{best['decode_speedup_pooled']:.2f}x, {best['arm'].replace(f'{target}/', '')}"
+
+
+def _gpu_float32(target: str) -> str:
+    record = _records(H200 / "float32.json")[TARGETS.index(target)]
+    row = next(r for r in record["summary"] if r["arm"] == f"{target}/anchordraft")
+    return f"{row['decode_speedup_pooled']:.2f}x, anchordraft K=4"
+
+
+def _compiled_greedy(target: str) -> str:
+    row = next(r for r in _bench("default", target)["summary"] if r["arm"] == "greedy compiled")
+    return _speed(row, "decode", "_pooled")
+
+
+def headline_table() -> str:
+    claims = [
+        ("greedy WER, 156 clips", lambda t: f"{100 * stored(SETS / f'eval-{t}.json')['wer']:.2f}%",
+         "Greedy word error rate"),
+        ("CPU: faster-whisper's speed end to end, over our greedy loop", lambda t: _peer(t, "faster-whisper"),
+         "Our greedy loop against its peers"),
+        ("CPU: fastest shipped draft, K=4, decode speed", _best_draft,
+         "The real loop: drafts and windows (Tables 1, 2, 3, 6)"),
+        ("CPU: compiled greedy steps against plain ones", _compiled_greedy, "Compiled steps"),
+        ("H200 float16: fastest draft against graphed greedy", _gpu_best, "On a GPU"),
+        ("H200 float32: a draft against graphed greedy", _gpu_float32, "On a GPU"),
+    ]  # fmt: skip
+    rows = [[claim, *(measure(t) for t in TARGETS), section(heading)] for claim, measure, heading in claims]
+    return markdown(["", "tiny.en", "base", ""], rows)
+
+
+# Greedy word error rate and the peers
+
+
+def wer_table() -> str:
+    rows = []
+    for target in TARGETS:
+        record = stored(SETS / f"eval-{target}.json")
+        rows.append([target, str(record["utterances"]), f"{100 * record['wer']:.2f}%"])
+    return markdown(["target", "utterances", "WER"], rows)
+
+
+def conversion_table() -> str:
+    rows = []
+    for target in TARGETS:
+        record = stored(SETS / f"compare-faster-whisper-{target}.json")
+        wer = record["wer"]
+        rows.append(
+            [short(target), f"{record['token_exact']}/{record['clips']}"]
+            + [f"{100 * wer[name]:.2f}%" for name in ("specasr", "ctranslate2")]
+        )
+    return markdown(["target", "token-identical clips", "WER, our loop", "WER, CTranslate2"], rows)
+
+
+def peers_table() -> str:
+    rows = []
+    for target in TARGETS:
+        record = stored(SETS / f"peers-{target}.json")
+        for row in record["summary"]:
+            if row["arm"].endswith("(A/A)"):
+                continue
+            name = row["arm"].replace(f"{target}/", "") + (" (baseline)" if row["baseline"] else "")
+            decode, total = ({"x": row[f"{p}_speedup_pooled"], "x_low": row[f"{p}_speedup_low"],
+                              "x_high": row[f"{p}_speedup_high"]} for p in ("decode", "total"))  # fmt: skip
+            drafted = row.get("L") is not None
+            model = [
+                number(row["L"], 2),
+                number(row["rho"]),
+                f"{row['cost_model_speedup']:.2f}x",
+                f"{row['accounted_speedup']:.2f}x",
+            ]
+            rows.append(
+                [short(target), name, f"{row['total_ms_median']:.0f}", f"{row['ms_per_token']:.2f}"]
+                + [interval(decode, "x", unit="x"), interval(total, "x", unit="x")]
+                + [f"{row['same_tokens_clips']}/{row['clips']}"]
+                + (model if drafted else ["", "", "", ""])
+            )
+        rows.append([short(target), aa_line(record), *[""] * 9])
+    header = ["target", "arm", "median ms a clip, end to end", "decode ms/token", "decode speedup [95%]",
+              "end to end [95%]", "our greedy's tokens", "L", "rho", "cost model", "accounted"]  # fmt: skip
+    return markdown(header, rows)
+
+
+def profile_table() -> str:
+    rows = []
+    for target in TARGETS:
+        for row in stored(SETS / f"profile-{target}.json"):
+            shares = [f"{100 * row[kind]:.0f}%" for kind in KINDS]
+            rows.append([short(target), row["pass"], f"{row['ms']:.2f}", number(row["target_steps"], 2), *shares])
+    header = ["target", "pass", "ms", "in target steps", *KINDS]
+    return markdown(header, rows)
+
+
+# The experiment runner (real loop) and matched rounds
+
+
+def _experiment(target: str) -> dict:
+    return stored(SETS / f"experiment-{target}.json")
+
+
+def aa_line(record: dict) -> str:
+    """The A/A check of an experiment or bench record, with its verdict."""
+    verdict = record["timing"]["aa"]
+    mark = "reliable" if verdict["reliable"] else "**UNRELIABLE**"
+    low, high = verdict["interval"]
+    return (
+        f"A/A, greedy over its second copy, decode: {verdict['ratio']:.3f}x [{low:.3f}, {high:.3f}] (tolerance "
+        f"+-{verdict['tolerance']:.0%}): {mark}"
+    )
+
+
+def experiment_table(target: str) -> Callable[[], str]:
+    def table() -> str:
+        record = _experiment(target)
+        rows = [
+            [
+                cell["draft"],
+                cell["window"],
+                number(cell["a1"]),
+                number(cell["a2c"]),
+                number(cell["L"]),
+                interval(cell, "decode_speedup", unit="x"),
+                interval(cell, "total_speedup", unit="x"),
+                f"{cell['lossless_clips']}/{cell['clips']}",
+            ]
+            for cell in record["cells"]
+        ]
+        header = ["draft", "window", "a1", "a2c", "L", "decode speedup [95%]", "end to end [95%]", "lossless"]
+        return f"{markdown(header, rows)}\n\n{aa_line(record)}; {record['aggregation'].split(';')[0]}."
+
+    return table
+
+
+def peaks_table() -> str:
+    """Table 7: each target layer's verification peak against the forced-alignment frames."""
+    rows = []
+    for target in TARGETS:
+        for row in _experiment(target)["peaks"]:
+            if not row["source"].endswith("verification"):
+                continue
+            layer = row["source"].removeprefix("target layer ").removesuffix(" verification")
+            name = f"{short(target)}, {layer}" + (" (runtime layer)" if row["runtime_layer"] else "")
+            rows.append(
+                [
+                    name,
+                    str(row["tokens"]),
+                    number(row["pooled_r"]),
+                    number(row["within_r"]),
+                    number(row["shuffled_r"]),
+                    f"{row['median_error_ms']:.0f} ms",
+                    number(row["inside_window"], 2),
+                ]
+            )
+    header = [
+        "target, layer",
+        "tokens",
+        "pooled r",
+        "within-utterance r",
+        "shuffled r",
+        "median error",
+        "inside +-400 ms",
+    ]
+    return markdown(header, rows)
+
+
+def runtime_table() -> str:
+    """Table 16: each runtime window against the uncorrected loops, with the cost rule's verdict."""
+    rows = []
+    for target in TARGETS:
+        for row in _experiment(target)["runtime"]:
+            rows.append(
+                [
+                    short(target),
+                    row["draft"],
+                    f"{row['window']} over {row['uncorrected']}",
+                    interval(row, "d_L", sign=True),
+                    interval(row, "cost", sign=True),
+                    interval(row, "predicted_change", sign=True),
+                    row["predicted_pays"],
+                    interval(row, "net_decode", sign=True),
+                    {True: "yes", False: "no", None: "-"}[row["agrees"]],
+                ]
+            )
+    header = ["target", "draft", "correction", "dL", "dC", "predicted change", "pays", "measured decode change",
+              "sign agrees"]  # fmt: skip
+    return markdown(header, rows)
+
+
+def _matched(target: str) -> dict:
+    return stored(SETS / f"matched-{target}.json")
+
+
+def matched_table(target: str) -> Callable[[], str]:
+    def table() -> str:
+        record = _matched(target)
+        rows = []
+        for row in record["summary"]:
+            rows.append(
+                [row["draft"], row["window"], str(row["rounds"])]
+                + [number(row[m]) for m in ("a1", "a2c", "s2", "s3")]
+                + [interval(row, "L")]
+            )
+        header = ["draft", "window", "rounds", "a1", "a2c", "s2", "s3", "L [95%]"]
+        return f"{markdown(header, rows)}\n\n{record['aggregation'].split(';')[0]}."
+
+    return table
+
+
+def _floor(target: str) -> dict:
+    """The aligner's token-frame error on espeak-ng speech through the target's tokens."""
+    floors = stored(SETS / "aligner-floor.json")["floors"]
+    return next(row for row in floors if row["target"] == target and row["tts"] == "espeak")
+
+
+def drift_table() -> str:
+    """Table 12, top, for the unrestricted window: the mean anchor error by depth, against the aligner's floor; a
+    depth's change from depth 1 counts where it is larger than the floor."""
+    rows = []
+    for target in TARGETS:
+        floor = _floor(target)["mean_frames"]
+        depths = pd.DataFrame(_matched(target)["depths"])
+        for (draft, window), found in depths.groupby(["draft", "window"], sort=False):
+            if window != "unrestricted" or found.error_frames.isna().all():
+                continue
+            errors = found.set_index("depth").error_frames
+            changes = [errors[d] - errors[1] for d in errors.index[1:]]
+            beyond = [f"{d}: {c:+.1f}" for d, c in zip(errors.index[1:], changes, strict=True) if abs(c) > floor]
+            rows.append(
+                [short(target), draft]
+                + [number(errors.get(d), 1) for d in range(1, 5)]
+                + [f"{floor:.1f}", ", ".join(beyond) or "none"]
+            )
+    header = ["target", "draft", "depth 1", "depth 2", "depth 3", "depth 4", "aligner floor", "changes past the floor"]
+    return markdown(header, rows)
+
+
+def aligner_floor_table() -> str:
+    record = stored(SETS / "aligner-floor.json")
+    words = {row["tts"]: row for row in record["words"]}
+    rows = []
+    for row in record["floors"]:
+        spoken = words[row["tts"]]
+        rows.append(
+            [
+                row["tts"],
+                short(row["target"]),
+                str(row["clips"]),
+                str(row["tokens"]),
+                number(row["mean_frames"], 2),
+                number(row["median_frames"], 1),
+                number(row["p90_frames"], 1),
+                number(row["within_one_frame"]),
+                f"{spoken['median_ms']:.1f} / {spoken['p90_ms']:.1f} ms",
+            ]
+        )
+    header = ["speech", "target", "clips", "tokens", "mean frames", "median", "90th percentile", "within one frame",
+              "word starts, median / p90"]  # fmt: skip
+    return markdown(header, rows)
+
+
+# Draft trees (issue 42's runs: their speed intervals resampled repetitions, so only their estimates are shown)
+
+
+def trees_table() -> str:
+    rows = []
+    for target in TARGETS:
+        path = TREES / f"experiment-{target}.txt"
+        cells = text_section(path, "Cells")
+        contrasts = text_section(path, "Contrasts", spaced="fixed")
+        for cell in cells.to_dict("records"):
+            width, nodes = cell["tree_width"], cell["tree_nodes"]
+            chain = width == 1
+            shape = f"chain (1 x {nodes})" if chain else f"{width} x {nodes}"
+            gain = (
+                "" if chain else interval(_tree_gain(contrasts, f"tree {width}x{nodes}-chain "), "estimate", sign=True)
+            )
+            rows.append(
+                [short(target), shape, number(cell["L"]), gain]
+                + [f"{cell[m]:.3f}x" for m in ("decode_speedup", "total_speedup")]
+            )
+    return markdown(["target", "shape (W x N)", "L", "tree - chain, L [95%]", "decode speedup", "total speedup"], rows)
+
+
+def _tree_gain(contrasts: pd.DataFrame, name: str) -> dict:
+    """The tree's L over the chain's: the contrast whose name and fixed settings start with `name`."""
+    row = contrasts[contrasts.fixed.str.startswith(name) & (contrasts.metric == "L")].iloc[0]
+    return {"estimate": row["estimate"], "estimate_low": row["low"], "estimate_high": row["high"]}
+
+
+def _contrast(contrasts: pd.DataFrame, *key: str) -> dict:
+    """A contrast row of a stored text output, as `interval` reads it."""
+    row = contrasts.loc[key]
+    return {"estimate": row["estimate"], "estimate_low": row["low"], "estimate_high": row["high"]}
+
+
+def trees_restart_table() -> str:
+    rows = []
+    for target in TARGETS:
+        restarts = text_section(TREES / f"matched-restart-{target}.txt", "Restart acceptance").set_index("m")
+        last = restarts.index.max()
+        gain = {"estimate": restarts.gain[last], "estimate_low": restarts.gain_low[last]}
+        gain["estimate_high"] = restarts.gain_high[last]
+        rows.append(
+            [short(target)] + [number(restarts.a1[m]) for m in restarts.index] + [interval(gain, "estimate", sign=True)]
+        )
+    return markdown(["target", "a1(1)", "a1(2)", "a1(3)", "a1(4)", "gain at m = 4 [95%]"], rows)
+
+
+# Compiled steps (bench --json, default and --compile, per target)
+
+STEPS = {"step": "greedy step", "draft": "drafting, K=4 passes", "verify": "verification, 5 rows"}
+
+
+def _bench(mode: str, target: str) -> dict:
+    return stored(COMPILE / f"bench-{mode}-{target}.json")
+
+
+def compile_decode_table() -> str:
+    """Every arm's ms per token and decode speed over the baseline, with compile seconds and recompiles, and each
+    run's A/A check with its verdict."""
+    rows = []
+    for target in TARGETS:
+        for mode, run in (("default", "default"), ("compile", "`--compile`")):
+            record = _bench(mode, target)
+            for row in record["summary"]:
+                if row["arm"].endswith("(A/A)"):
+                    continue
+                name = row["arm"].replace(f"{target}/", "") + (" (baseline)" if row["baseline"] else "")
+                compiled = row.get("compile_s") is not None
+                speed = {"x": row["decode_speedup_pooled"], "x_low": row["decode_speedup_low"]}
+                speed["x_high"] = row["decode_speedup_high"]
+                rows.append(
+                    [short(target), run, name, f"{row['ms_per_token']:.2f}", interval(speed, "x", unit="x")]
+                    + ([f"{row['compile_s']:.1f}", str(int(row["recompiles"]))] if compiled else ["", ""])
+                )
+            aa = record["aa"][0]
+            verdict = "reliable" if record["timing"]["aa"]["reliable"] else "**UNRELIABLE**"
+            ratio = f"{aa['ratio']:.3f}x [{aa['low']:.3f}, {aa['high']:.3f}] {verdict}"
+            rows.append([short(target), run, "A/A: greedy over its copy", "", ratio, "", ""])
+    header = ["target", "run", "arm", "ms/token", "decode vs baseline [95%]", "compile s", "recompiles"]
+    return markdown(header, rows)
+
+
+def compile_steps_table() -> str:
+    """Each static step of the --compile runs, compiled and plain: device ms and kernels."""
+    rows = []
+    for target in TARGETS:
+        for row in _bench("compile", target)["summary"]:
+            if row["arm"].endswith("(A/A)"):
+                continue
+            for step, label in STEPS.items():
+                if row.get(f"device_ms_{step}") is None:
+                    continue
+                rows.append(
+                    [
+                        short(target),
+                        label,
+                        f"{row[f'device_ms_{step}']:.2f}",
+                        str(int(row[f"device_kernels_{step}"])),
+                        f"{row[f'plain_ms_{step}']:.2f}",
+                        str(int(row[f"plain_kernels_{step}"])),
+                    ]
+                )
+    header = ["target", "step", "compiled ms", "compiled kernels", "plain ms", "plain kernels"]
+    return markdown(header, rows)
+
+
+# The H200 (bench --json summaries, recomputed from the run's stored traces)
+
+
+def gpu_table(target: str) -> Callable[[], str]:
+    def table() -> str:
+        rows = []
+        for row in stored(H200 / f"float16-{target}.summary.json")["summary"]:
+            name = row["arm"].replace(f"{target}/", "")
+            steps = "-" if not row.get("device_ms") else f"{row['device_ms']:.2f} / {row['wall_ms']:.2f}"
+            host = "-" if row.get("host_share") is None else f"{100 * row['host_share']:.0f}%"
+            rows.append(
+                [
+                    f"**{name}** (baseline)" if row["baseline"] else name,
+                    f"{row['ms_per_token']:.3f}",
+                    f"{row['decode_speedup_pooled']:.2f}x",
+                    f"{row['total_speedup_pooled']:.2f}x",
+                    number(row.get("L"), 2),
+                    steps,
+                    host,
+                    f"{row['same_tokens_clips']}/{row['clips']}",
+                    number(row.get("float32_token_agreement")),
+                ]
+            )
+        header = ["arm", "ms/token", "decode vs baseline", "end to end", "L", "device ms / wall ms a step",
+                  "host share", "same tokens as baseline", "float32 token agreement"]  # fmt: skip
+        return markdown(header, rows)
+
+    return table
+
+
+def _records(path: Path) -> list[dict]:
+    """A GPU job's bench records, one JSON object a line, tiny.en's first."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def gpu_float32_table() -> str:
+    rows = []
+    for target, record in zip(TARGETS, _records(H200 / "float32.json"), strict=True):
+        arms = {row["arm"].replace(f"{target}/", ""): row for row in record["summary"]}
+        greedy, draft = arms["greedy"], arms["anchordraft"]
+        rows.append(
+            [
+                short(target),
+                f"{greedy['ms_per_token']:.3f}",
+                *(f"{arms[a]['ms_per_token']:.3f} ({arms[a]['decode_speedup_pooled']:.2f}x)" for a in
+                  ("greedy eager", "transformers")),
+                f"{draft['ms_per_token']:.3f}",
+                f"{draft['decode_speedup_pooled']:.2f}x",
+                f"{draft['total_speedup_pooled']:.2f}x",
+                number(draft["L"], 2),
+                f"{100 * draft['host_share']:.0f}%",
+            ]
+        )  # fmt: skip
+    header = ["target", "graphed greedy ms/token", "eager", "`generate`", "anchordraft K=4: ms/token",
+              "decode vs graphed greedy", "end to end", "L", "host share of a round"]  # fmt: skip
+    return markdown(header, rows)
+
+
+def gpu_window_table() -> str:
+    """One 30 s clip, waveform to text: each arm's phases."""
+    rows = []
+    for target, record in zip(TARGETS, _records(H200 / "long-30s.json"), strict=True):
+        for row in record["clips"]:
+            phases = [f"{1000 * row[phase]:.2f}" for phase in ("features", "encoder", "decode", "total")]
+            rows.append([short(target), row["arm"].replace(f"{target}/", ""), *phases, str(row["tokens"])])
+    return markdown(["target", "arm", "features ms", "encoder ms", "decode ms", "total ms", "tokens"], rows)
+
+
+# Shipped drafts and issue 34's 2x2
+
+
+def draft_sizes_table() -> str:
+    """Each shipped draft's folder: its shape from its config, its size on disk."""
+    rows = []
+    for folder in sorted((ROOT / "drafts").glob("*/*/")):
+        config = json.loads((folder / "config.json").read_text())
+        taps = ", ".join(str(t) for t in config.get("taps", []))
+        shape = f"taps {taps}; feed-forward {config['ffn_dim']}" + ("" if config.get("audio", True) else "; no audio")
+        size = sum(f.stat().st_size for f in folder.iterdir()) / 1e6
+        rows.append([f"`{folder.parent.name}/{folder.name}`", shape, f"{size:.1f} MB"])
+    return markdown(["draft", "shape", "size"], rows)
+
+
+def anchor_2x2_table() -> str:
+    path = ANCHOR_2X2 / "dev-set.txt"
+    drafts = text_section(path, "Per draft").set_index("draft")
+    contrasts = text_section(path, "AnchorDraft - control").set_index(["window", "contrast", "metric"])
+    rows = []
+    for seed in (0, 1):
+        for init, label in (("random", "random"), ("target-layer", "target layer")):
+            control, anchor = (drafts.loc[f"{init}-{variant}-s{seed}"] for variant in ("control", "anchordraft"))
+            pair = f"{init}-anchordraft-s{seed}-{init}-control-s{seed}"
+            L, a3c = (_contrast(contrasts, "unrestricted", pair, m) for m in ("L", "a3c"))
+            rows.append(
+                [
+                    f"{label}, {seed}",
+                    number(control.L_after),
+                    number(anchor.L_after),
+                    interval(L, "estimate", sign=True),
+                    interval(a3c, "estimate", sign=True),
+                    _headroom(control),
+                    _headroom(anchor),
+                ]
+            )
+    header = ["init, seed", "L control", "L AnchorDraft", "AnchorDraft - control, L [95%]", "a3c difference [95%]",
+              "headroom control", "headroom AnchorDraft"]  # fmt: skip
+    return markdown(header, sorted(rows, key=lambda row: row[0]))
+
+
+def _headroom(draft: pd.Series) -> str:
+    found = {"h": draft.headroom_after, "h_low": draft.headroom_after_low, "h_high": draft.headroom_after_high}
+    return interval(found, "h", sign=True)
+
+
+TABLES: dict[str, Callable[[], str]] = {
+    "headline": headline_table,
+    "wer": wer_table,
+    "conversion": conversion_table,
+    "peers": peers_table,
+    "profile": profile_table,
+    **{f"experiment-{short(t)}": experiment_table(t) for t in TARGETS},
+    "peaks": peaks_table,
+    "runtime": runtime_table,
+    **{f"matched-{short(t)}": matched_table(t) for t in TARGETS},
+    "drift": drift_table,
+    "aligner-floor": aligner_floor_table,
+    "trees": trees_table,
+    "trees-restart": trees_restart_table,
+    "compile-decode": compile_decode_table,
+    "compile-steps": compile_steps_table,
+    **{f"gpu-{short(t)}": gpu_table(t) for t in TARGETS},
+    "gpu-float32": gpu_float32_table,
+    "gpu-window": gpu_window_table,
+    "draft-sizes": draft_sizes_table,
+    "anchor-2x2": anchor_2x2_table,
+}
+
+
+def regenerated(text: str) -> str:
+    """The document with every table block rewritten from its stored output."""
+
+    def rewrite(match: re.Match) -> str:
+        name = match["name"]
+        if name not in TABLES:
+            raise KeyError(f"no table named {name!r} (scripts/tables.py: TABLES)")
+        return f"{match[1]}{TABLES[name]()}\n{match[4]}"
+
+    return BLOCK.sub(rewrite, text)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 where a table is out of date")
+    args = parser.parse_args()
+    stale = []
+    for path in DOCUMENTS:
+        text = path.read_text()
+        new = regenerated(text)
+        if new != text:
+            stale.append(path.relative_to(ROOT))
+            if not args.check:
+                path.write_text(new)
+    verb = "out of date" if args.check else "rewritten"
+    print("\n".join(f"{path}: {verb}" for path in stale) or "every table matches its stored output")
+    return 1 if stale and args.check else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
