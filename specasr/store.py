@@ -96,6 +96,15 @@ class DecodedRun:
     decoded: frozenset[tuple[str, int]]
 
 
+def is_duckdb_file(path: Path) -> bool:
+    """Whether `path` is a DuckDB database file, by its header (bytes 8-11 of every one read DUCK)."""
+    try:
+        with open(path, "rb") as file:
+            return file.read(12)[8:] == b"DUCK"
+    except OSError:
+        return False
+
+
 def default_db_path() -> Path:
     """$SPECASR_DB, else runs.duckdb in the cache folder."""
     configured = os.environ.get("SPECASR_DB")

@@ -7,6 +7,7 @@ import pytest
 from test_experiments import hand_trace
 
 from specasr.cli import main
+from specasr.dataset import DEFAULT_SPEECH_DIR
 from specasr.store import LEVEL_TABLES, Store, StoreError
 from specasr.trace import Settings
 
@@ -58,6 +59,29 @@ def test_bench_out_refuses_an_existing_file_unless_forced_and_a_missing_folder(c
     assert taken.read_text() == "yesterday's tables"
     assert main(["experiment", "--out", str(tmp_path / "typo" / "tables.txt")]) == 2
     assert f"--out: {tmp_path / 'typo'} does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["bench", "experiment"])
+def test_out_never_overwrites_a_store_or_a_file_the_command_reads(capsys, speech, tmp_path, command):
+    store = tmp_path / "runs.duckdb"
+    Store(store)
+    other = tmp_path / "other.duckdb"
+    Store(other)
+    held = {path: path.read_bytes() for path in (store, other)}
+    manifest = DEFAULT_SPEECH_DIR / "manifest.tsv"
+    clip = speech[0].path
+    refused = {
+        store: "is the run store (--db)",
+        tmp_path / "new.duckdb": "is the run store (--db)",  # the store the command would create
+        other: "is a DuckDB database",
+        manifest: "is a file this command reads",
+        clip: "is a file this command reads",
+    }
+    for out, why in refused.items():
+        db = tmp_path / "new.duckdb" if out.name == "new.duckdb" else store
+        assert main([command, "--db", str(db), "--out", str(out), "--force"]) == 2
+        assert f"--out: {out} {why}" in capsys.readouterr().err
+    assert {path: path.read_bytes() for path in held} == held and not (tmp_path / "new.duckdb").exists()
 
 
 def test_bench_out_with_force_replaces_the_file_and_json_goes_there_too(capsys, speech, tmp_path):

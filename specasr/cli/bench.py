@@ -14,6 +14,7 @@ from specasr.cli.options import (
     add_speculative_options,
     add_store_options,
     add_timing_options,
+    data_files,
     drafts,
     listed,
     number,
@@ -60,8 +61,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    report = Report(out_file(args))
     utterances = spread(load_manifest(args.speech_dir), args.clips)
+    report = Report(out_file(args, data_files(str(args.speech_dir))))
     kept = RunStore(args.db, wanted=not args.no_store)
     pipeline = Pipeline(kept.store)
     arms = _arms(args, pipeline)

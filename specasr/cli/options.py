@@ -10,11 +10,11 @@ import torch
 
 from specasr.align import ALIGNERS
 from specasr.audio import DEFAULT_MAX_SECONDS, Clip, load_clip
-from specasr.dataset import DEFAULT_SPEECH_DIR, load_utterances, spread
+from specasr.dataset import DEFAULT_SPEECH_DIR, TRAIN_SPEECH_2_DIR, load_utterances, spread
 from specasr.draft import shipped_drafts
 from specasr.intervals import AA_TOLERANCE
 from specasr.pooled import MIN_SET_CLIPS, Weighting, weighting
-from specasr.store import default_db_path
+from specasr.store import default_db_path, is_duckdb_file
 from specasr.targets import BUILTIN_TARGETS, DTYPES
 from specasr.trace import MOST_TREE_WIDTH, Settings
 from specasr.windows import WINDOWS
@@ -116,8 +116,9 @@ def store_path(text: str) -> Path:
     return path
 
 
-def out_file(args: argparse.Namespace) -> Path | None:
-    """--out, checked before any work: in a folder that exists, and not over a file unless --force."""
+def out_file(args: argparse.Namespace, reading: Sequence[Path] = ()) -> Path | None:
+    """--out, checked before any work: in a folder that exists, not over a file unless --force, and never over the
+    run store, another DuckDB file or a file the command reads (`reading`), --force or not."""
     path = args.out
     if path is None:
         return None
@@ -125,9 +126,26 @@ def out_file(args: argparse.Namespace) -> Path | None:
         raise UsageError(f"--out: {path.parent} does not exist: create it first")
     if path.is_dir():
         raise UsageError(f"--out: {path} is a folder; give a file")
+    if _same_file(path, args.db or default_db_path()):
+        raise UsageError(f"--out: {path} is the run store (--db); give another file")
+    if is_duckdb_file(path):
+        raise UsageError(f"--out: {path} is a DuckDB database (a run store?); give another file")
+    if any(_same_file(path, read) for read in reading):
+        raise UsageError(f"--out: {path} is a file this command reads; give another file")
     if path.exists() and not args.force:
         raise UsageError(f"--out: {path} exists; give --force to replace it")
     return path
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    return Path(a).resolve() == Path(b).resolve()
+
+
+def data_files(data: str) -> list[Path]:
+    """The manifests --data names and the audio files they list: what a command over them reads."""
+    manifests = [TRAIN_SPEECH_2_DIR if name == "heldout" else Path(name) for name in data.split(",")]
+    manifests = [path / "manifest.tsv" if path.is_dir() else path for path in manifests]
+    return [*manifests, *(u.path for u in load_utterances(data))]
 
 
 # Option groups
