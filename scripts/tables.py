@@ -77,10 +77,14 @@ def text_section(path: Path, title: str, spaced: str | None = None) -> pd.DataFr
 # The README's headline: one row per claim, each linked to its section of docs/measurements.md
 
 
+def slug(heading: str) -> str:
+    """A heading's anchor, as GitHub makes it."""
+    return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+
+
 def section(heading: str) -> str:
-    """A link to the section of docs/measurements.md under `heading`, as GitHub anchors it."""
-    slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
-    return f"[table](docs/measurements.md#{slug})"
+    """A link to the section of docs/measurements.md under `heading`."""
+    return f"[table](docs/measurements.md#{slug(heading)})"
 
 
 def _speed(row: dict, phase: str = "decode", pooled: str = "") -> str:

@@ -70,9 +70,9 @@ def write_error(path: Path, error: Exception) -> StoreWriteError:
     message = str(error)
     reason = next((why for said, why in _WRITE_FAILURES.items() if said in message), first_line(message))
     if reason == "permission denied" and path.parent.exists() and not os.access(path.parent, os.W_OK):
-        reason = f"its folder {path.parent} is read-only"
+        reason = f"no permission to write in its folder {path.parent}"
     elif reason == "permission denied" and path.exists() and not os.access(path, os.W_OK):
-        reason = "it is read-only"
+        reason = "no permission to write it"
     return StoreWriteError(f"cannot write {path}: {reason}")
 
 
@@ -189,6 +189,8 @@ class Store:
         Reads connect read-write too: in one process DuckDB refuses a read-only connection beside a read-write
         one, and across processes a read-only one conflicts with a writer all the same.
         """
+        if self.path.is_file() and self.path.stat().st_size and not is_duckdb_file(self.path):
+            raise StoreError(f"{self.path} is not a run store: it is not a DuckDB database; give another file")
         deadline = time.monotonic() + self.timeout
         while True:
             try:

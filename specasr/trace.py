@@ -26,6 +26,7 @@ class SettingsError(ValueError):
 
 
 MOST_TREE_WIDTH = 16
+MOST_K = 64  # draft proposals a round may hold
 
 
 def candidate_count(depth: int, width: int) -> int:
@@ -69,8 +70,8 @@ class Settings:
         if self.window not in WINDOWS:
             raise SettingsError(f"unknown window {self.window!r}; choose one of {', '.join(WINDOWS)}")
         low = 0 if self.draft is None else 1
-        if not low <= self.k <= 64:
-            raise SettingsError(f"K must be between 1 and 64, got {self.k}")
+        if not low <= self.k <= MOST_K:
+            raise SettingsError(f"K must be between 1 and {MOST_K}, got {self.k}")
         if not 0 <= self.threshold < 1:
             raise SettingsError(f"the confidence threshold must be in [0, 1), got {self.threshold}")
         if self.decoder not in DECODERS:

@@ -228,7 +228,7 @@ def test_checkpoints_page_compares_two_drafts():
     differences = frame_with(app, "run A", "run B", "metric", "A - B")
     assert set(differences[["run A", "run B"]].itertuples(index=False, name=None)) == {("random", "anchordraft")}
     assert {"a1", "L"} <= set(differences.metric)
-    assert any(c.value.startswith("pooled over all 1 clips as one set") for c in app.caption)  # the set rule, said
+    assert any(c.value.startswith("no set reaches 20 clips: pooled over all 1 clips") for c in app.caption)  # the rule
 
 
 def test_checkpoints_the_store_cannot_take_stay_on_screen_and_say_so(monkeypatch):

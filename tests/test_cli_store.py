@@ -200,3 +200,11 @@ def test_a_reference_cache_that_fails_is_warned_of_once_and_the_decode_goes_on(c
         assert main(["decode", clip, "--window", "correct", "--json"]) == 0
     assert len(warned) == 1
     assert json.loads(capsys.readouterr().out)["reference_source"] == "pocketsphinx"
+
+
+def test_an_export_never_lands_on_the_store(capsys, tmp_path):
+    store = tmp_path / "runs.duckdb"
+    Store(store)
+    before = store.read_bytes()
+    assert main(["runs", "export", "any", "--parquet", str(store), "--force", "--db", str(store)]) != 0
+    assert "is a file: give a folder to export into" in capsys.readouterr().err and store.read_bytes() == before

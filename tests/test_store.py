@@ -440,8 +440,10 @@ def test_a_file_that_is_not_a_database_is_refused_and_left_untouched(tmp_path):
     path = tmp_path / "notes.duckdb"
     content = b"these are my notes, not a database\n" * 200
     path.write_bytes(content)
-    with pytest.raises(StoreError, match="not a valid DuckDB database"):
+    refusal = r"notes\.duckdb is not a run store: it is not a DuckDB database; give"
+    with pytest.raises(StoreError, match=refusal) as refused:
         Store(path)
+    assert "IO Error" not in str(refused.value)  # the store's own words, never DuckDB's
     assert path.read_bytes() == content
     assert list(tmp_path.iterdir()) == [path]
 
@@ -558,9 +560,10 @@ def test_a_store_in_a_read_only_folder_reads_and_refuses_writes_with_one_line(tm
     try:
         reopened = Store(folder / "runs.duckdb")
         assert reopened.traces(run) == [greedy_trace()]
-        with pytest.raises(StoreWriteError, match=f"cannot write {reopened.path}: its folder {folder} is read-only$"):
+        refused = f"cannot write {reopened.path}: no permission to write in its folder {folder}$"
+        with pytest.raises(StoreWriteError, match=refused):
             reopened.write_run([greedy_trace("g2")], "decode")
-        with pytest.raises(StoreWriteError, match=f"its folder {folder} is read-only$"):
+        with pytest.raises(StoreWriteError, match=f"no permission to write in its folder {folder}$"):
             Store(folder / "new.duckdb")
         assert reopened.runs().run_id.tolist() == [run]
     finally:

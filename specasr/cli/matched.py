@@ -23,6 +23,7 @@ from specasr.cli.options import (
 from specasr.cli.output import RunStore, json_value, records
 from specasr.matched import AGGREGATION, STARTS, matched_tables, run_matched
 from specasr.pipeline import Pipeline
+from specasr.trace import MOST_K
 from specasr.windows import WINDOWS
 
 
@@ -31,7 +32,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     add_data_options(p, sets=True)
     add_clip_options(p)
     add_draft_options(p, several=True)
-    p.add_argument("--k", type=number(int, 1), default=4, help="depths followed from each round start")
+    p.add_argument("--k", type=number(int, 1, MOST_K), default=4, help="depths followed from each round start")
     add_tree_options(p)
     p.add_argument(
         "--window", type=listed(str, WINDOWS), default=("unrestricted", "correct", "shift"), help=", ".join(WINDOWS)

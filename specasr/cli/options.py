@@ -16,7 +16,7 @@ from specasr.intervals import AA_TOLERANCE
 from specasr.pooled import MIN_SET_CLIPS, Weighting, weighting
 from specasr.store import default_db_path, is_duckdb_file
 from specasr.targets import BUILTIN_TARGETS, DTYPES
-from specasr.trace import MOST_TREE_WIDTH, Settings
+from specasr.trace import MOST_K, MOST_TREE_WIDTH, Settings
 from specasr.windows import WINDOWS
 
 # Settings fields a speculative decode takes from options of the same name.
@@ -250,9 +250,11 @@ def add_speculative_options(parser: argparse.ArgumentParser, several_drafts: boo
     or a grid, K and the draft trees take lists too."""
     add_draft_options(parser, several_drafts)
     if grid or several_drafts:
-        parser.add_argument("--k", type=listed(number(int, 1)), default=(4,), help="proposals per round, e.g. 2,4,8")
+        parser.add_argument(
+            "--k", type=listed(number(int, 1, MOST_K)), default=(4,), help="proposals per round, e.g. 2,4,8"
+        )
     else:
-        parser.add_argument("--k", type=number(int, 1), default=4, help="most draft proposals per round")
+        parser.add_argument("--k", type=number(int, 1, MOST_K), default=4, help="most draft proposals per round")
     add_tree_options(parser, several=grid or several_drafts)
     if grid:
         parser.add_argument("--window", type=listed(str), default=("unrestricted",), help=", ".join(WINDOWS))

@@ -7,6 +7,7 @@ from specasr.cli.options import add_clip_options, add_draft_options, add_tree_op
 from specasr.cli.output import records
 from specasr.pipeline import Pipeline
 from specasr.profiling import profile_round
+from specasr.trace import MOST_K
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -19,7 +20,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the table as a JSON list of rows")
     add_clip_options(p, loops=False)  # it times the passes themselves, outside any loop
     add_draft_options(p)  # a round's passes, timed without a window: no window options
-    p.add_argument("--k", type=number(int, 1), default=4, help="draft proposals per profiled round (a tree's depth)")
+    p.add_argument(
+        "--k", type=number(int, 1, MOST_K), default=4, help="draft proposals per profiled round (a tree's depth)"
+    )
     add_tree_options(p)
     p.set_defaults(run=run)
 
