@@ -61,14 +61,20 @@ def export_runs(store: Store, run_ids: Sequence[str], folder: Path | str, force:
     return [folder / name for name in files]
 
 
-def import_runs(store: Store, folder: Path | str) -> list[str]:
+def import_runs(store: Store, folder: Path | str, trust_unverified: bool = False) -> list[str]:
     """Add the runs exported to `folder`, in one transaction, after checking the files against their manifest and
     that their rows hang together; refused (StoreError, nothing imported) where any check fails or this store
-    already holds one of the runs. Returns the run ids."""
+    already holds one of the runs. An export without its manifest (or made before manifests) is refused unless
+    `trust_unverified`, and then checked for consistency only. Returns the run ids."""
     folder = Path(folder)
     if not folder.is_dir():
         raise StoreError(f"{folder} is not a folder: give the folder a run export was written to")
     manifest = _read_manifest(folder)
+    if manifest is None and not trust_unverified:
+        raise StoreError(
+            f"{folder} has no {MANIFEST}: its files cannot be checked against what was exported; import it anyway "
+            "with --trust-unverified"
+        )
     sources = _sources(folder, manifest)
     if manifest is not None:
         _check_checksums(sources, manifest)

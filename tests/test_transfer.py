@@ -110,7 +110,7 @@ def test_a_mixed_export_is_refused_and_nothing_is_imported(store, tmp_path, mani
     fresh = Store(tmp_path / "fresh.duckdb")
     message = "checksum differs" if manifest else "does not hang together: 2 decodes rows, 1 runs rows, 2 clips rows"
     with pytest.raises(StoreError, match=message):
-        import_runs(fresh, mixed(a, b, tmp_path / "mixed", manifest))
+        import_runs(fresh, mixed(a, b, tmp_path / "mixed", manifest), trust_unverified=True)
     assert fresh.runs().empty and fresh.orphans() == {}
 
 
@@ -121,12 +121,14 @@ def test_damaged_files_are_refused_with_the_file_named(store, tmp_path):
     rounds.write_bytes(rounds.read_bytes()[:100])
     with pytest.raises(StoreError, match=f"{rounds} is not the file that was exported"):
         import_runs(fresh, a)
-    (a / MANIFEST).unlink()  # without its manifest, Parquet itself finds the truncation
-    with pytest.raises(StoreError, match=f"{a} is not a readable run export: .*rounds.parquet"):
+    (a / MANIFEST).unlink()  # without its manifest, refused unless trusted; then Parquet itself finds the truncation
+    with pytest.raises(StoreError, match=f"{a} has no {MANIFEST}: .* import it anyway with --trust-unverified"):
         import_runs(fresh, a)
+    with pytest.raises(StoreError, match=f"{a} is not a readable run export: .*rounds.parquet"):
+        import_runs(fresh, a, trust_unverified=True)
     (a / "runs.parquet").unlink()
     with pytest.raises(StoreError, match=r"runs\.parquet missing"):
-        import_runs(fresh, a)
+        import_runs(fresh, a, trust_unverified=True)
     assert fresh.runs().empty
 
 
@@ -162,7 +164,7 @@ def test_runs_exported_under_the_old_runtime_windows_keep_their_rule(store, tmp_
             for table in frames:
                 con.register("frame", frames[table])
                 con.execute(f"COPY (SELECT * FROM frame) TO '{tmp_path / old / table}.parquet' (FORMAT parquet)")
-        assert import_runs(store, tmp_path / old) == [old]
+        assert import_runs(store, tmp_path / old, trust_unverified=True) == [old]
         assert store.traces(old) == [stored_before_trees(trace)]
     exported = export_runs(store, ["runtime-paced"], tmp_path / "new")  # a new export keeps its names
     store.delete_run("runtime-paced")
@@ -220,7 +222,7 @@ def test_a_damaged_export_is_refused_whole_or_imports_whole(small_export, tmp_pa
     before = table_rows(store)
     untouched = how[0] == "none" or damaged(small_export, how) == small_export
     try:
-        imported = import_runs(store, folder)
+        imported = import_runs(store, folder, trust_unverified=not keep_manifest)
     except StoreError as error:
         assert "\n" not in str(error)
         assert not untouched, error
@@ -230,3 +232,16 @@ def test_a_damaged_export_is_refused_whole_or_imports_whole(small_export, tmp_pa
     assert untouched or not keep_manifest
     assert store.orphans() == {}
     assert [len(store.traces(run)) for run in imported] == [2]
+
+
+def test_runs_import_of_an_export_without_its_manifest_needs_trust(capsys, store, tmp_path):
+    from specasr.cli import main
+
+    run = store.write_run([greedy_trace()], "decode")
+    folder = export_runs(store, [run], tmp_path / "export")[0].parent
+    (folder / MANIFEST).unlink()
+    fresh = str(tmp_path / "fresh.duckdb")
+    assert main(["runs", "import", str(folder), "--db", fresh]) != 0
+    assert f"has no {MANIFEST}" in capsys.readouterr().err and Store(fresh).runs().empty
+    assert main(["runs", "import", str(folder), "--db", fresh, "--trust-unverified"]) == 0
+    assert Store(fresh).runs().run_id.tolist() == [run]

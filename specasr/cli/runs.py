@@ -23,6 +23,11 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--parquet", type=Path, default=None, help="export: the folder for the Parquet files")
     p.add_argument("--force", action="store_true", help="export: replace an earlier export in that folder")
     p.add_argument("--fix", action="store_true", help="doctor: remove the orphan rows it finds")
+    p.add_argument(
+        "--trust-unverified",
+        action="store_true",
+        help="import: take an export without its manifest (checked for consistency only)",
+    )
     p.add_argument("--target", default=None, help="list, export: only runs of this target")
     p.add_argument("--draft", default=None, help="list, export: only runs of this draft")
     p.add_argument("--window", default=None, choices=WINDOWS, help="list, export: only runs with this window")
@@ -78,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         store.delete_run(args.run_id)
         print(f"deleted run {args.run_id} from {store.path}")
     elif args.action == "import":
-        for run_id in import_runs(store, Path(args.run_id)):
+        for run_id in import_runs(store, Path(args.run_id), args.trust_unverified):
             print(f"imported run {run_id}")
     return 0
 
