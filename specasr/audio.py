@@ -95,6 +95,10 @@ class NonFiniteAudioError(AudioError):
     """Some samples are NaN or infinite."""
 
 
+class TruncatedAudioError(AudioError):
+    """The file holds less audio than its header declares: an interrupted copy or download."""
+
+
 class AudioTooLongError(AudioError):
     """Longer than the limit, by default one Whisper window."""
 
@@ -143,9 +147,34 @@ def _decode_soundfile(data: str | bytes, name: str, max_seconds: float) -> tuple
     try:
         with sf.SoundFile(data if isinstance(data, str) else io.BytesIO(data)) as f:
             _check_length(f.frames / f.samplerate, max_seconds, name)  # the header knows the length; skip decoding
+            declared = _declared_wav_frames(data)
+            if declared is not None and declared > f.frames:
+                raise TruncatedAudioError(
+                    f"{name} is cut short: its header declares {declared / f.samplerate:.2f} s of audio and the file "
+                    f"holds {f.frames / f.samplerate:.2f} s (an interrupted copy or download?); give the whole file"
+                )
             return f.read(dtype="float32", always_2d=True), f.samplerate
     except sf.SoundFileError:
         return None
+
+
+def _declared_wav_frames(data: str | bytes) -> int | None:
+    """The frames a WAV file's data chunk declares, from its header; None for other files and for streamed WAVs
+    that declare no length. libsndfile reads what is there and says nothing of what is missing."""
+    if isinstance(data, str):
+        with open(data, "rb") as file:
+            data = file.read(1 << 16)
+    if data[:4] != b"RIFF" or data[8:12] != b"WAVE":
+        return None
+    block, at = None, 12
+    while at + 8 <= len(data):
+        chunk, size = data[at : at + 4], int.from_bytes(data[at + 4 : at + 8], "little")
+        if chunk == b"fmt ":
+            block = int.from_bytes(data[at + 20 : at + 22], "little")
+        elif chunk == b"data":
+            return size // block if block and size not in (0, 0xFFFFFFFF) else None
+        at += 8 + size + size % 2
+    return None
 
 
 def _decode_av(data: str | bytes, name: str, max_seconds: float) -> tuple[np.ndarray, int] | None:

@@ -18,6 +18,7 @@ from specasr.audio import (
     NonFiniteAudioError,
     OverFullScaleError,
     SilentAudioError,
+    TruncatedAudioError,
     UnreadableAudioError,
     load_audio,
     validate_samples,
@@ -150,6 +151,21 @@ def test_wav_with_no_samples(tmp_path):
     sf.write(tmp_path / "a.wav", np.zeros(0, np.int16), SAMPLE_RATE)
     with pytest.raises(EmptyAudioError, match="contains no samples"):
         load_audio(tmp_path / "a.wav")
+
+
+@pytest.mark.parametrize("subtype", ["PCM_16", "FLOAT"])
+def test_a_wav_cut_short_is_refused_with_what_it_lacks(tmp_path, subtype):
+    whole = tmp_path / "whole.wav"
+    sf.write(whole, tone(7.1, SAMPLE_RATE), SAMPLE_RATE, subtype=subtype)
+    data = whole.read_bytes()
+    cut = tmp_path / "cut.wav"
+    cut.write_bytes(data[: len(data) * 3 // 7])
+    message = r"cut\.wav is cut short: its header declares 7\.10 s of audio and the file holds 3\.0\d s"
+    with pytest.raises(TruncatedAudioError, match=message):
+        load_audio(cut)
+    with pytest.raises(TruncatedAudioError, match=r"declares 7\.10 s"):  # an upload too
+        load_audio(io.BytesIO(cut.read_bytes()))
+    assert load_audio(whole).size == round(7.1 * SAMPLE_RATE)  # a whole file passes
 
 
 def test_too_short(tmp_path):
