@@ -337,12 +337,11 @@ def run_matched(
     weights: Weighting,
     starts: str = "loop",
 ) -> list[Condition]:
-    """Every draft under every window from the same round starts, clip by clip; clips the weighting leaves out of
-    its estimate are not rolled out."""
+    """Every draft under every window from the same round starts, clip by clip, but for the clips the weighting
+    leaves out."""
     target = pipeline.target(settings)
     found = {(d, w): [] for d in drafts for w in windows}
-    counted = [clip for clip in clips if weights.groups[clip.hash] is not None]
-    for clip in tqdm(counted, desc="matched rounds", unit="clip"):
+    for clip in tqdm([c for c in clips if weights.groups[c.hash] is not None], desc="matched rounds", unit="clip"):
         view = read_clip(pipeline, settings, clip, weights.sets[clip.hash])
         for name in drafts:
             cell = replace(settings, draft=name)
@@ -352,8 +351,7 @@ def run_matched(
                 rollouts = roll_out(target, draft, view, replace(cell, window=window), first, weights.groups[clip.hash])
                 found[name, window].append(rollouts)
     tree_shape = settings.tree_width, settings.nodes
-    resample = weights.resample_sets
-    return [Condition(draft_label(d), w, *tree_shape, rollouts, resample) for (d, w), rollouts in found.items()]
+    return [Condition(draft_label(d), w, *tree_shape, r, weights.resample_sets) for (d, w), r in found.items()]
 
 
 def depth_table(conditions: list[Condition]) -> pd.DataFrame:

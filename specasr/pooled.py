@@ -52,8 +52,7 @@ def weighting(sets: dict[str, str], minimum: int = MIN_SET_CLIPS, resample_sets:
     intervals = "intervals resample the sets too" if resample_sets else "intervals condition on the sets"
     listed = ", ".join(f"{name} ({sizes[name]})" for name in small)
     if not large:
-        why = "; merged" if merged >= minimum else ""
-        rule = f"no set reaches {minimum} clips: pooled over all {len(sets)} clips as one set{why} ({listed})"
+        rule = f"no set reaches {minimum} clips: pooled over all {len(sets)} clips as one set ({listed})"
         return Weighting(sets, dict.fromkeys(sets, "all"), rule, resample_sets)
     rule = f"sets of at least {minimum} clips weighted equally: " + ", ".join(f"{n} ({sizes[n]})" for n in large)
     small_group = None
@@ -188,8 +187,8 @@ def arm_columns(*arms: list[ClipResult]) -> Columns:
 
 
 def bootstrap_interval(statistic: Callable[..., np.ndarray], columns: Columns, timed: bool = True) -> Interval:
-    """The statistic's interval; a timed one (reading TIMINGS) resamples each clip's repetitions too, and one that
-    is not is spared that work."""
+    """The statistic's interval; a timed one (reading TIMINGS) counts each clip's median over its repetitions, and
+    one that is not is spared that work."""
     arms = columns.arms
     if not timed:
         arms = [{name: column for name, column in arm.items() if name not in TIMINGS} for arm in arms]

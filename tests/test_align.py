@@ -143,7 +143,8 @@ def test_the_aligner_floor_is_the_token_frame_error_against_the_synthesizers_tim
     exact = token_frame_errors(tiny_en, clip, clip.words, SENTENCE)
     assert len(exact) >= len(SENTENCE.split()) and set(exact) == {0}
     later = [replace(w, start=w.start + 0.1, end=w.end + 0.1) for w in clip.words]
-    assert set(token_frame_errors(tiny_en, clip, later, SENTENCE)) == {5}  # 100 ms on 20 ms frames
+    moved = token_frame_errors(tiny_en, clip, later, SENTENCE)  # 100 ms on 20 ms frames, but frames end with the clip
+    assert max(moved) == 5 and sorted(moved)[len(moved) // 2] == 5
     found = token_frame_errors(tiny_en, clip, aligner.align(clip.audio, SENTENCE), SENTENCE)
     assert len(found) == len(exact) and max(found) <= 10  # pocketsphinx within 200 ms of espeak's times
     summary = floor("espeak", "whisper-tiny.en", [0, 1, 2, 5], 1, tiny_en.frame_seconds)

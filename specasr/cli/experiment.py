@@ -47,7 +47,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    report, grid = Report(out_file(args, data_files(args.data))), _grid(args)
+    report, grid = Report(out_file(args, data_files(str(args.data)))), _grid(args)
     clips, sets = evaluation_clips(args)
     store = Store(args.db)  # the grid reuses runs it holds: one that will not open stops the grid before any work
     runs = run_grid(Pipeline(store), store, grid, clips, args.repeats)

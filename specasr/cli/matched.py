@@ -56,7 +56,9 @@ def run(args: argparse.Namespace) -> None:
     if cache.failure is not None:
         print(f"warning: reference frames not cached in {cache.path}: {cache.failure}", file=sys.stderr)
     found = matched_tables(conditions, args.starts)
-    aggregation = f"{sets.rule}; {AGGREGATION}"
+    left_out = sum(group is None for group in sets.groups.values())
+    apart = f"; matched rounds do not roll out the {left_out} clips left out" if left_out else ""
+    aggregation = f"{sets.rule}{apart}; {AGGREGATION}"
     if args.json:
         record = {"protocol": found.protocol, "aggregation": aggregation}
         record |= {name: records(table) for name, table in vars(found).items() if isinstance(table, pd.DataFrame)}
