@@ -121,8 +121,9 @@ def _gpu_float32(target: str) -> str:
 
 
 def _compiled_greedy(target: str) -> str:
-    row = next(r for r in _bench("default", target)["summary"] if r["arm"] == "greedy compiled")
-    return _speed(row, "decode", "_pooled")
+    record = _bench("default", target)
+    row = next(r for r in record["summary"] if r["arm"] == "greedy compiled")
+    return _speed(row, "decode", "_pooled") + ("" if record["timing"]["aa"]["reliable"] else " UNRELIABLE")
 
 
 def headline_table() -> str:

@@ -222,7 +222,8 @@ def test_no_store_keeps_nothing_and_a_broken_store_keeps_the_transcript(capsys, 
     assert main(["decode", clip, "--db", str(db)]) == 1  # decoded and printed, not stored
     out, err = capsys.readouterr()
     assert "cooler judgment" in out
-    assert err.splitlines()[-1].startswith(f"specasr: result not stored in {db}: cannot open")
+    refused = f"{db} is not a run store: it is not a DuckDB database; give another file"
+    assert err.splitlines()[-1] == f"specasr: result not stored in {db}: {refused}"
     assert db.read_text() == "not a database"
 
 
