@@ -126,6 +126,15 @@ def _compiled_greedy(target: str) -> str:
     return _speed(row, "decode", "_pooled") + ("" if record["timing"]["aa"]["reliable"] else " UNRELIABLE")
 
 
+def _drift(target: str) -> str:
+    """The control draft's matched-round L and its anchor error at depth 1 and 4, beside the aligner's floor."""
+    record = _matched(target)
+    L = next(row["L"] for row in record["summary"] if (row["draft"], row["window"]) == ("control", "unrestricted"))
+    depths = {row["depth"]: row["error_frames"] for row in record["depths"]
+              if (row["draft"], row["window"]) == ("control", "unrestricted")}  # fmt: skip
+    return f"L {L:.2f}; {depths[1]:.1f} -> {depths[4]:.1f} frames (aligner floor {_floor(target):.1f})"
+
+
 def headline_table() -> str:
     claims = [
         ("greedy WER, 156 clips", lambda t: f"{100 * stored(CPU / f'eval-{t}.json')['wer']:.2f}%",
@@ -134,6 +143,8 @@ def headline_table() -> str:
          "Our greedy loop against its peers"),
         ("CPU: fastest shipped draft, K=4, decode speed", _best_draft,
          "The real loop: drafts and windows (Tables 1, 2, 3, 6)"),
+        ("CPU: matched rounds, control draft: L; anchor error, depth 1 -> 4", _drift,
+         "Matched rounds (the paper's C.1 and Table 12)"),
         ("CPU: compiled greedy steps against plain ones", _compiled_greedy, "Compiled steps"),
         ("H200 float16: fastest draft against graphed greedy", _gpu_best, "On a GPU"),
         ("H200 float32: a draft against graphed greedy", _gpu_float32, "On a GPU"),
