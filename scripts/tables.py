@@ -47,10 +47,24 @@ def number(value: float | None, digits: int = 3, sign: bool = False) -> str:
     return f"{value:+.{digits}f}" if sign else f"{value:.{digits}f}"
 
 
-def interval(row: dict, name: str, digits: int = 3, sign: bool = False, unit: str = "") -> str:
-    """`name` with its 95% interval, as 1.135x [1.061, 1.186]."""
-    low, high = (number(row[f"{name}_{end}"], digits, sign) for end in ("low", "high"))
-    return f"{number(row[name], digits, sign)}{unit} [{low}, {high}]"
+def span(estimate: float, low: float, high: float, digits: int = 3, sign: bool = False, unit: str = "") -> str:
+    """An estimate with its 95% interval, as 1.135x [1.061, 1.186]."""
+    return f"{number(estimate, digits, sign)}{unit} [{number(low, digits, sign)}, {number(high, digits, sign)}]"
+
+
+def interval(row, name: str, digits: int = 3, sign: bool = False, unit: str = "", estimate: str | None = None) -> str:
+    """`name` of a record with its `name_low` and `name_high` (the estimate under another key where given)."""
+    return span(row[estimate or name], row[f"{name}_low"], row[f"{name}_high"], digits, sign, unit)
+
+
+def speed(row: dict, phase: str, digits: int = 3) -> str:
+    """A bench arm's pooled speedup in `phase` (decode, total) with its interval."""
+    return interval(row, f"{phase}_speedup", digits, unit="x", estimate=f"{phase}_speedup_pooled")
+
+
+def unreliable(record: dict) -> str:
+    """What a figure of a run whose A/A check failed carries beside it."""
+    return "" if record["timing"]["aa"]["reliable"] else " UNRELIABLE"
 
 
 def stored(path: Path) -> dict:
@@ -87,25 +101,18 @@ def section(heading: str) -> str:
     return f"[table](docs/measurements.md#{slug(heading)})"
 
 
-def _speed(row: dict, phase: str = "decode", pooled: str = "") -> str:
-    found = {"x": row[f"{phase}_speedup{pooled}"], "x_low": row[f"{phase}_speedup_low"]}
-    found["x_high"] = row[f"{phase}_speedup_high"]
-    return interval(found, "x", digits=2, unit="x")
-
-
 def _best_draft(target: str) -> str:
     """The fastest audio draft of the real loop without a window, and its A/A verdict."""
     record = _experiment(target)
     cells = [c for c in record["cells"] if c["window"] == "unrestricted" and c["draft"] != "no-audio"]
     best = max(cells, key=lambda cell: cell["decode_speedup"])
-    mark = "" if record["timing"]["aa"]["reliable"] else " UNRELIABLE"
-    return f"{_speed(best)}{mark}, {best['draft']}, L {best['L']:.2f}"
+    return f"{interval(best, 'decode_speedup', 2, unit='x')}{unreliable(record)}, {best['draft']}, L {best['L']:.2f}"
 
 
 def _peer(target: str, arm: str) -> str:
     record = stored(CPU / f"peers-{target}.json")
     row = next(r for r in record["summary"] if r["arm"] == arm)
-    return _speed(row, "total", "_pooled") + ("" if record["timing"]["aa"]["reliable"] else " UNRELIABLE")
+    return speed(row, "total", 2) + unreliable(record)
 
 
 def _gpu_best(target: str) -> str:
@@ -123,7 +130,7 @@ def _gpu_float32(target: str) -> str:
 def _compiled_greedy(target: str) -> str:
     record = _bench("default", target)
     row = next(r for r in record["summary"] if r["arm"] == "greedy compiled")
-    return _speed(row, "decode", "_pooled") + ("" if record["timing"]["aa"]["reliable"] else " UNRELIABLE")
+    return speed(row, "decode", 2) + unreliable(record)
 
 
 def _drift(target: str) -> str:
@@ -172,13 +179,11 @@ def peers_table() -> str:
             if row["arm"].endswith("(A/A)"):
                 continue
             name = row["arm"].replace(f"{target}/", "") + (" (baseline)" if row["baseline"] else "")
-            decode, total = ({"x": row[f"{p}_speedup_pooled"], "x_low": row[f"{p}_speedup_low"],
-                              "x_high": row[f"{p}_speedup_high"]} for p in ("decode", "total"))  # fmt: skip
             model = ["", "", "", ""]
             if row.get("L") is not None:
                 model = [number(row["L"], 2), number(row["rho"])]
                 model += [f"{row[name]:.2f}x" for name in ("cost_model_speedup", "accounted_speedup")]
-            speeds = [interval(decode, "x", unit="x"), interval(total, "x", unit="x")]
+            speeds = [speed(row, "decode"), speed(row, "total")]
             times = [f"{row['total_ms_median']:.0f}", f"{row['ms_per_token']:.2f}"]
             rows.append([short(target), name, *times, *speeds, f"{row['same_tokens_clips']}/{row['clips']}", *model])
         rows.append([short(target), aa_line(record), *[""] * 9])
@@ -204,12 +209,13 @@ def _experiment(target: str) -> dict:
     return stored(CPU / f"experiment-{target}.json")
 
 
+PHASE_NAMES = {"decode": "decode", "total": "end to end"}
+
+
 def aa_line(record: dict) -> str:
     """The A/A check of an experiment or bench record, each phase, with the run's verdict."""
     phases = "; ".join(
-        f"{'decode' if row['phase'] == 'decode' else 'end to end'} {row['ratio']:.3f}x [{row['low']:.3f}, "
-        f"{row['high']:.3f}]"
-        for row in record["aa"]
+        f"{PHASE_NAMES[row['phase']]} {span(row['ratio'], row['low'], row['high'], unit='x')}" for row in record["aa"]
     )
     verdict = "reliable" if record["timing"]["aa"]["reliable"] else "**UNRELIABLE**"
     return f"A/A, greedy over its copy: {phases} (tolerance +-{record['timing']['aa']['tolerance']:.0%}): {verdict}"
@@ -388,9 +394,7 @@ def trees_table() -> str:
             width, nodes = cell["tree_width"], cell["tree_nodes"]
             chain = width == 1
             shape = f"chain (1 x {nodes})" if chain else f"{width} x {nodes}"
-            gain = (
-                "" if chain else interval(_tree_gain(contrasts, f"tree {width}x{nodes}-chain "), "estimate", sign=True)
-            )
+            gain = "" if chain else _tree_gain(contrasts, f"tree {width}x{nodes}-chain ")
             rows.append(
                 [short(target), shape, number(cell["L"]), gain]
                 + [f"{cell[m]:.3f}x" for m in ("decode_speedup", "total_speedup")]
@@ -398,28 +402,18 @@ def trees_table() -> str:
     return markdown(["target", "shape (W x N)", "L", "tree - chain, L [95%]", "decode speedup", "total speedup"], rows)
 
 
-def _tree_gain(contrasts: pd.DataFrame, name: str) -> dict:
+def _tree_gain(contrasts: pd.DataFrame, name: str) -> str:
     """The tree's L over the chain's: the contrast whose name and fixed settings start with `name`."""
     row = contrasts[contrasts.fixed.str.startswith(name) & (contrasts.metric == "L")].iloc[0]
-    return {"estimate": row["estimate"], "estimate_low": row["low"], "estimate_high": row["high"]}
-
-
-def _contrast(contrasts: pd.DataFrame, *key: str) -> dict:
-    """A contrast row of a stored text output, as `interval` reads it."""
-    row = contrasts.loc[key]
-    return {"estimate": row["estimate"], "estimate_low": row["low"], "estimate_high": row["high"]}
+    return span(row["estimate"], row["low"], row["high"], sign=True)
 
 
 def trees_restart_table() -> str:
     rows = []
     for target in TARGETS:
         restarts = text_section(TREES / f"matched-restart-{target}.txt", "Restart acceptance").set_index("m")
-        last = restarts.index.max()
-        gain = {"estimate": restarts.gain[last], "estimate_low": restarts.gain_low[last]}
-        gain["estimate_high"] = restarts.gain_high[last]
-        rows.append(
-            [short(target)] + [number(restarts.a1[m]) for m in restarts.index] + [interval(gain, "estimate", sign=True)]
-        )
+        gain = interval(restarts.loc[restarts.index.max()], "gain", sign=True)
+        rows.append([short(target), *(number(restarts.a1[m]) for m in restarts.index), gain])
     return markdown(["target", "a1(1)", "a1(2)", "a1(3)", "a1(4)", "gain at m = 4 [95%]"], rows)
 
 
@@ -444,16 +438,11 @@ def compile_decode_table() -> str:
                     continue
                 name = row["arm"].replace(f"{target}/", "") + (" (baseline)" if row["baseline"] else "")
                 compiled = row.get("compile_s") is not None
-                speed = {"x": row["decode_speedup_pooled"], "x_low": row["decode_speedup_low"]}
-                speed["x_high"] = row["decode_speedup_high"]
                 rows.append(
-                    [short(target), run, name, f"{row['ms_per_token']:.2f}", interval(speed, "x", unit="x")]
+                    [short(target), run, name, f"{row['ms_per_token']:.2f}", speed(row, "decode")]
                     + ([f"{row['compile_s']:.1f}", str(int(row["recompiles"]))] if compiled else ["", ""])
                 )
-            aa = record["aa"][0]
-            verdict = "reliable" if record["timing"]["aa"]["reliable"] else "**UNRELIABLE**"
-            ratio = f"{aa['ratio']:.3f}x [{aa['low']:.3f}, {aa['high']:.3f}] {verdict}"
-            rows.append([short(target), run, "A/A: greedy over its copy", "", ratio, "", ""])
+            rows.append([short(target), run, aa_line(record), "", "", "", ""])
     header = ["target", "run", "arm", "ms/token", "decode vs baseline [95%]", "compile s", "recompiles"]
     return markdown(header, rows)
 
@@ -574,14 +563,14 @@ def anchor_2x2_table() -> str:
         for init, label in (("random", "random"), ("target-layer", "target layer")):
             control, anchor = (drafts.loc[f"{init}-{variant}-s{seed}"] for variant in ("control", "anchordraft"))
             pair = f"{init}-anchordraft-s{seed}-{init}-control-s{seed}"
-            L, a3c = (_contrast(contrasts, "unrestricted", pair, m) for m in ("L", "a3c"))
+            L, a3c = (contrasts.loc[("unrestricted", pair, m)] for m in ("L", "a3c"))
             rows.append(
                 [
                     f"{label}, {seed}",
                     number(control.L_after),
                     number(anchor.L_after),
-                    interval(L, "estimate", sign=True),
-                    interval(a3c, "estimate", sign=True),
+                    span(L.estimate, L.low, L.high, sign=True),
+                    span(a3c.estimate, a3c.low, a3c.high, sign=True),
                     _headroom(control),
                     _headroom(anchor),
                 ]
@@ -592,8 +581,7 @@ def anchor_2x2_table() -> str:
 
 
 def _headroom(draft: pd.Series) -> str:
-    found = {"h": draft.headroom_after, "h_low": draft.headroom_after_low, "h_high": draft.headroom_after_high}
-    return interval(found, "h", sign=True)
+    return interval(draft, "headroom_after", sign=True)
 
 
 TABLES: dict[str, Callable[[], str]] = {

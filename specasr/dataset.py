@@ -29,12 +29,16 @@ class Utterance:
         return Clip(self.id, audio, text=self.text, dataset=self.dataset, path=str(self.path.resolve()))
 
 
+def manifest_file(data: Path | str) -> Path:
+    """A manifest.tsv, given as the file or its folder."""
+    path = Path(data)
+    return path / "manifest.tsv" if path.is_dir() else path
+
+
 def load_manifest(speech_dir: Path = DEFAULT_SPEECH_DIR) -> list[Utterance]:
     """Rows of a manifest.tsv, or of `speech_dir/manifest.tsv` (id, path, duration_s, speaker, text, ...; an optional
     subset column), in file order."""
-    manifest = Path(speech_dir)
-    if manifest.is_dir():
-        manifest = manifest / "manifest.tsv"
+    manifest = manifest_file(speech_dir)
     if not manifest.is_file():
         raise FileNotFoundError(f"no manifest {manifest}")
     with manifest.open(newline="") as f:

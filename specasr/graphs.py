@@ -34,7 +34,7 @@ from specasr.windows import NO_WINDOW, WindowPolicy
 
 GRAPH_DEVICES = ("cuda",)  # where steps are captured; elsewhere they run eagerly over the same tensors
 # Off where compiled steps measured slower: on a 2-core CPU every compiled decode was slower than the plain host loop
-# (README "Compiled steps, measured"); on CUDA they have not been measured yet
+# (docs/measurements.md, "Compiled steps"); on CUDA they have not been measured yet
 COMPILED_BY_DEFAULT = {"cpu": False, "cuda": False}
 MOST_COMPILED_SHAPES = 64  # graphs one step's code compiles to in a process: one per target, draft, K, tree, frames
 Steps = TypeVar("Steps")

@@ -170,6 +170,8 @@ class Store:
                 raise write_error(self.path.parent, error) from error
         elif not self.path.parent.is_dir():  # a mistyped folder is not made behind the user's back
             raise StoreError(f"{self.path.parent} does not exist: create it first, or give a store path in a folder")
+        if self.path.is_file() and self.path.stat().st_size and not is_duckdb_file(self.path):
+            raise StoreError(f"{self.path} is not a run store: it is not a DuckDB database; give another file")
         with self.transaction() as con:
             version = schema_version(con)
             if version is None:
@@ -189,8 +191,6 @@ class Store:
         Reads connect read-write too: in one process DuckDB refuses a read-only connection beside a read-write
         one, and across processes a read-only one conflicts with a writer all the same.
         """
-        if self.path.is_file() and self.path.stat().st_size and not is_duckdb_file(self.path):
-            raise StoreError(f"{self.path} is not a run store: it is not a DuckDB database; give another file")
         deadline = time.monotonic() + self.timeout
         while True:
             try:

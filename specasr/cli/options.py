@@ -10,7 +10,7 @@ import torch
 
 from specasr.align import ALIGNERS
 from specasr.audio import DEFAULT_MAX_SECONDS, Clip, load_clip
-from specasr.dataset import DEFAULT_SPEECH_DIR, TRAIN_SPEECH_2_DIR, load_utterances, spread
+from specasr.dataset import DEFAULT_SPEECH_DIR, TRAIN_SPEECH_2_DIR, load_utterances, manifest_file, spread
 from specasr.draft import shipped_drafts
 from specasr.intervals import AA_TOLERANCE
 from specasr.pooled import MIN_SET_CLIPS, Weighting, weighting
@@ -143,8 +143,7 @@ def _same_file(a: Path, b: Path) -> bool:
 
 def data_files(data: str) -> list[Path]:
     """The manifests --data names and the audio files they list: what a command over them reads."""
-    manifests = [TRAIN_SPEECH_2_DIR if name == "heldout" else Path(name) for name in data.split(",")]
-    manifests = [path / "manifest.tsv" if path.is_dir() else path for path in manifests]
+    manifests = [manifest_file(TRAIN_SPEECH_2_DIR if name == "heldout" else name) for name in data.split(",")]
     return [*manifests, *(u.path for u in load_utterances(data))]
 
 
