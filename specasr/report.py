@@ -113,13 +113,15 @@ def cell(settings: Settings, run_id: str | None, results: list[ClipResult]) -> C
 
 
 def _partners(cells: dict[Settings, list[ClipResult]], pairs: tuple[tuple[str, str], ...], key: str):
-    """(a, b, settings_a, settings_b) for cells that differ only in `key` (window or draft label), per pair."""
+    """(a, b, settings_a, settings_b) for cells that differ only in `key` (window or draft label), per pair. A window
+    comes with its runtime layer, which a stored run names under the runtime windows only."""
+    fields = ("window", "runtime_layer") if key == "window" else (key,)
     for settings_b in cells:
         for a, b in pairs:
             if _label(settings_b, key) != b:
                 continue
             for settings_a in cells:
-                same_cell = replace(settings_a, **{key: getattr(settings_b, key)}) == settings_b
+                same_cell = replace(settings_a, **{field: getattr(settings_b, field) for field in fields}) == settings_b
                 if same_cell and _label(settings_a, key) == a:
                     yield a, b, settings_a, settings_b
 

@@ -244,6 +244,13 @@ def test_outcome_and_runtime_tables_against_hand_computation(runtime_grid):
     assert row.net_total == pytest.approx(0.0) and row.net_decode_low <= 0 <= row.net_decode_high
 
 
+def test_a_stored_grid_pairs_its_runtime_cells_with_the_uncorrected_ones(runtime_grid):
+    """A stored run names the runtime layer it resolved, and only under a runtime window (stored_grid's keys)."""
+    store, runs = runtime_grid
+    stored = {replace(s, runtime_layer=3) if s.window == "runtime" else s: run for s, run in runs.cells.items()}
+    assert tables(store, replace(runs, cells=stored)).runtime.equals(tables(store, runs).runtime)
+
+
 def test_runtime_table_weights_evaluation_sets_equally(runtime_grid):
     found = tables(*runtime_grid, weighting({"hash-u": "A", "hash-v": "B"}, minimum=1))
     row = found.runtime.iloc[0]
