@@ -402,16 +402,15 @@ def cost_rule_figure(runtime: pd.DataFrame) -> go.Figure:
     figure.add_scatter(
         x=cost,
         y=recovered,
-        mode="markers+text",
+        mode="markers",  # a label beside each point overlaps where drafts land together: the label is in the hover
         text=[
             f"{d} {w} over {u} K={k}"
             for d, w, u, k in zip(runtime.draft, runtime.window, runtime.uncorrected, runtime.k, strict=True)
         ],
-        textposition="top center",
         marker={"size": 12, "color": [ACCEPTED if paid else REJECTED for paid in runtime.measured_pays]},
         name="cell (green: measured faster)",
         customdata=np.stack([runtime.net_decode * 100, runtime.d_L], axis=-1),
-        hovertemplate="cost %{x:.3f}<br>recovered %{y:.3f}<br>measured decode change %{customdata[0]:+.1f}%"
+        hovertemplate="%{text}<br>cost %{x:.3f}<br>recovered %{y:.3f}<br>measured decode change %{customdata[0]:+.1f}%"
         "<br>dL %{customdata[1]:+.3f}<extra></extra>",
     )
     figure.update_layout(
