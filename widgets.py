@@ -2,7 +2,7 @@
 decoding with reference frames where the aligner can make them, progress and error reporting. No model logic."""
 
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -36,6 +36,7 @@ DECODE_ERRORS = (
 EXAMPLE_TEXT = "The birch canoe slid on the smooth planks. Glue the sheet to the dark blue background."
 AS_TARGET = "as the target"
 LOCAL_TARGET = "a local model folder"
+EXAMPLE_SOURCE = "espeak-ng, the bundled example"
 
 
 @st.cache_resource(show_spinner=False)
@@ -233,12 +234,60 @@ def example_clip() -> Clip:
     return Clip("example (espeak-ng)", load_audio(path), text=EXAMPLE_TEXT, dataset="example")
 
 
+@dataclass(frozen=True)
+class Followed:
+    """The clip every page measures until the user picks another, and where its audio came from; `clip` is None
+    where a stored run's audio is no longer at hand."""
+
+    name: str
+    source: str
+    clip: Clip | None
+
+
+FOLLOWED = "followed"  # the Audio choice that stands for the followed clip, shown by its name
+
+
+def followed() -> Followed | None:
+    return st.session_state.get("followed")
+
+
+def follow(clip: Clip | None, source: str, name: str | None = None) -> None:
+    st.session_state["followed"] = Followed(name or clip.id, source, clip)
+
+
+def follow_stored(trace: Trace, run_id: str) -> Clip | None:
+    """Follow a stored run's clip, from its audio in the store or its file; returns it, None where neither holds it."""
+    audio, source = _audio_and_source(trace)
+    clip = (
+        None
+        if audio is None
+        else Clip(trace.clip_id, audio, trace.reference_text, trace.dataset, path=trace.audio_path or "")
+    )
+    follow(clip, source or f"run {run_id}, whose audio is neither stored nor in its file", trace.clip_id)
+    return clip
+
+
 def clip_input(key: str) -> Clip | None:
-    """A clip from an upload, the browser's microphone, or the bundled example; None until one is given."""
-    source = st.radio("Audio", ["example clip", "upload", "microphone"], horizontal=True, key=f"{key}_source")
+    """The clip a page measures: the followed clip (the last one picked on any page, or a stored run's), an
+    upload, the browser's microphone, or the bundled example; None until one is given. What is picked here is
+    followed on every page."""
+    current = followed()
+    sources = ["example clip", "upload", "microphone"]
+    if current is not None and current.source != EXAMPLE_SOURCE:
+        sources.insert(0, FOLLOWED)
+    source = st.radio(
+        "Audio",
+        sources,
+        horizontal=True,
+        key=f"{key}_source",
+        format_func=lambda s: f"{current.name}" if s == FOLLOWED else s,
+    )
     try:
+        if source == FOLLOWED:
+            return _followed_clip(current)
         if source == "example clip":
             clip = example_clip()
+            follow(clip, EXAMPLE_SOURCE)
             st.caption(f"Example: “{EXAMPLE_TEXT}” (espeak-ng, {clip.seconds:.1f} s)")
             return clip
         if source == "upload":
@@ -246,10 +295,26 @@ def clip_input(key: str) -> Clip | None:
         else:
             upload = st.audio_input("Record a clip", key=f"{key}_microphone")
         text = st.text_input("Reference text (optional: what is said, for the word error rate)", key=f"{key}_text")
-        return None if upload is None else Clip(upload.name, load_audio(upload), text=text.strip())
+        if upload is None:
+            return None
+        clip = Clip(upload.name, load_audio(upload), text=text.strip())
+        follow(clip, "an upload" if source == "upload" else "a recording")
+        return clip
     except AudioError as error:
         st.error(str(error))
         return None
+
+
+def _followed_clip(current: Followed) -> Clip | None:
+    if current.clip is None:
+        st.warning(f"{current.name} comes from {current.source}: upload it again to decode it, or pick another clip.")
+        return None
+    clip = current.clip
+    text = f"; reference “{clip.text}”" if clip.text else ""
+    st.caption(
+        f"{clip.id}: {clip.seconds:.1f} s, from {current.source}{text}. Every page measures it until you pick another."
+    )
+    return clip
 
 
 def decode_with_reference(
@@ -325,21 +390,28 @@ def runtime_layer(trace: Trace) -> int:
 
 
 def stored_result(trace: Trace, run_id: str) -> dict:
-    """A stored decode as a page shows it: with its clip where the store (or the clip's file) still has the audio,
-    so that it can be heard and timed again."""
-    audio = clip_audio(trace)
-    clip = None if audio is None else Clip(trace.clip_id, audio, trace.reference_text, trace.dataset)
+    """A stored decode as a page shows it, its clip followed: with the clip where the store (or the clip's file)
+    still has the audio, so that it can be heard, decoded and timed again."""
+    clip = follow_stored(trace, run_id)
+    audio = None if clip is None else clip.audio
     return {"trace": trace, "audio": audio, "clip": clip, "run": run_id, "unstored": None, "timing": None}
 
 
 def clip_audio(trace: Trace) -> np.ndarray | None:
     """The decoded clip's waveform: kept in the store, or read again from its file if that still holds the same
     audio; None where neither does."""
+    return _audio_and_source(trace)[0]
+
+
+def _audio_and_source(trace: Trace) -> tuple[np.ndarray | None, str | None]:
+    """The decoded clip's waveform and where it came from ("the store", or its file's path)."""
     audio = store().audio(trace.clip_hash)
-    if audio is None and trace.audio_path and Path(trace.audio_path).is_file():
-        try:
-            clip = Clip(trace.clip_id, load_audio(trace.audio_path))
-        except AudioError:
-            return None
-        audio = clip.audio if clip.hash == trace.clip_hash else None
-    return audio
+    if audio is not None:
+        return audio, "the store"
+    if not trace.audio_path or not Path(trace.audio_path).is_file():
+        return None, None
+    try:
+        clip = Clip(trace.clip_id, load_audio(trace.audio_path))
+    except AudioError:
+        return None, None
+    return (clip.audio, trace.audio_path) if clip.hash == trace.clip_hash else (None, None)

@@ -88,7 +88,10 @@ with tab_run:
     files = st.file_uploader(
         "Or upload a draft (config.json and draft.safetensors)", accept_multiple_files=True, key="checkpoint_upload"
     )
-    source = st.radio("Clips", ["evaluation clips", "one clip"], horizontal=True, key="checkpoint_source")
+    current = widgets.followed()
+    one_clip = current is not None and current.source != widgets.EXAMPLE_SOURCE  # a clip the user picked
+    sources = ["evaluation clips", "one clip"]
+    source = st.radio("Clips", sources, index=int(one_clip), horizontal=True, key="checkpoint_source")
     if source == "evaluation clips":
         count = st.slider("Clips spread over ../shared/data/speech", 1, 40, 4, key="checkpoint_count")
     else:

@@ -77,10 +77,15 @@ if not labels:
     st.info("No runs stored yet: decode a clip on Live decode, Windows or Checkpoints, then compare two runs here.")
     st.stop()
 adopt_address(labels)
-ids = list(labels)
+followed = widgets.followed()
+followed_clip = None if followed is None else followed.clip
+of_clip = [] if followed_clip is None else list(widgets.store().runs(clip_hash=followed_clip.hash).run_id)
+ids = list(dict.fromkeys([*of_clip, *labels]))  # the followed clip's runs first, newest first
 left, right = st.columns(2)
 run_a = widgets.select(left, "Run A", ids, "side_a", ids[0], format_func=labels.get)
 run_b = widgets.select(right, "Run B", ids, "side_b", ids[min(1, len(ids) - 1)], format_func=labels.get)
+if of_clip:
+    st.caption(f"Runs of {followed_clip.id}, the clip followed from page to page, are listed first.")
 st.query_params.update(a=run_a, b=run_b)
 shown = {"A": run_a, "B": run_b}
 if run_a == run_b:
@@ -118,7 +123,8 @@ by_clip = {a.clip_id: (a, b) for a, b in compared.pairs}
 clip_ids = list(by_clip)
 clip_id = clip_ids[0]
 if len(clip_ids) > 1:
-    clip_id = widgets.select(st, "Clip", clip_ids, "side_clip", clip_ids[0])
+    shown_first = followed_clip.id if followed_clip is not None and followed_clip.id in by_clip else clip_ids[0]
+    clip_id = widgets.select(st, "Clip", clip_ids, "side_clip", shown_first)
 st.query_params["clip"] = clip_id
 st.session_state["side_address"] = tuple(st.query_params.get(key) for key in ADDRESS)
 pair = by_clip[clip_id]

@@ -29,6 +29,7 @@ if requested[0] and st.session_state.get("opened") != requested:
     if chosen:
         widgets.adopt_settings(chosen[0].settings)
         st.session_state["decoded"] = widgets.stored_result(chosen[0], requested[0])
+        st.session_state["decode_source"] = widgets.FOLLOWED  # Run decodes the clip on screen again
 settings = widgets.settings_sidebar()
 clip = widgets.clip_input("decode")
 

@@ -330,13 +330,16 @@ class Store:
         until: datetime | str | None = None,
         batch: str | None = None,
         run_ids: Sequence[str] | None = None,
+        clip_hash: str | None = None,
     ) -> pd.DataFrame:
         """The run history, newest first, one row per run: its settings, code, row counts, seconds and median WER.
 
         `draft` matches the settings' draft or the start of the draft's name ("none" for greedy runs); `since` and
-        `until` bound the creation time (UTC); `run_ids` must all be stored (UnknownRunError).
+        `until` bound the creation time (UTC); `run_ids` must all be stored (UnknownRunError); `clip_hash`: the runs
+        that decoded that audio.
         """
         wanted = dict(target=target, draft=draft, window=window, k=k, dataset=dataset, since=since, until=until)
+        wanted |= dict(clip_hash=clip_hash)
         chosen = {name: value for name, value in wanted.items() if value is not None}
         chosen |= {name: value for name, value in dict(batch=batch, run_ids=run_ids).items() if value is not None}
         where = " AND ".join(_RUN_FILTERS[name] for name in chosen) or "TRUE"
@@ -442,6 +445,7 @@ _RUN_FILTERS = {
     "since": "created >= CAST($since AS TIMESTAMP)",
     "until": "created <= CAST($until AS TIMESTAMP)",
     "batch": "batch = $batch",
+    "clip_hash": "run_id IN (SELECT run_id FROM decodes WHERE clip_hash = $clip_hash)",
     "run_ids": "list_contains($run_ids, run_id)",
 }
 
