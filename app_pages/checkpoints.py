@@ -114,7 +114,7 @@ with tab_run:
                 clips, sets = [single], weighting({single.hash: single.dataset or "clip"})
             grid = Grid(settings, tuple(names), (settings.window,), (settings.k,), (settings.threshold,))
             with st.spinner(f"Decoding {len(clips)} clips under {len(names)} drafts and greedy…"):
-                runs = run_grid(widgets.pipeline(), widgets.store(), grid, clips, repeats)
+                runs = run_grid(widgets.pipeline(), widgets.store(), grid, clips, repeats, widgets.PageBar)
                 found = tables(widgets.store(), runs, sets)
             st.session_state["checkpoints"] = {
                 "cells": found.cells,

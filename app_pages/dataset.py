@@ -83,19 +83,30 @@ def decode(utterances: list[Utterance], settings: Settings, keep_audio: bool) ->
     st.session_state["dataset_running"] = True
     stop = st.empty()
     stop.button("Stop", key="dataset_stop", help="Stops before the next clip; the clips decoded so far stay stored")
-    bar = st.progress(0.0, text="Starting")
+    bar = widgets.PageBar(total=len(utterances), desc="clips", unit="clips")
+    rounds = st.empty()
 
     def progress(index: int, utterance: Utterance) -> None:
-        bar.progress(index / len(utterances), text=f"Clip {index + 1} of {len(utterances)}: {utterance.id}")
+        bar.update(index - bar.n)
+        bar.set_postfix_str(f"now {utterance.id}")
 
     try:
-        outcome = clipset.decode_set(widgets.pipeline(), widgets.store(), utterances, settings, progress, keep_audio)
+        outcome = clipset.decode_set(
+            widgets.pipeline(),
+            widgets.store(),
+            utterances,
+            settings,
+            progress,
+            keep_audio,
+            widgets.RoundProgress(rounds),
+        )
     except widgets.DECODE_ERRORS as error:
         widgets.report(error)
         outcome = None
     st.session_state["dataset_running"] = False  # not reached when Streamlit stops the run for another
     stop.empty()
-    bar.empty()
+    bar.close()
+    rounds.empty()
     return outcome
 
 

@@ -39,7 +39,7 @@ def run(clip, settings) -> dict | None:
     with st.status("Decoding…", expanded=True) as status:
         status.write("Speculative decode, keeping the draft's attention rows and aligning the transcript")
         try:
-            progress = widgets.round_progress(st.empty())
+            progress = widgets.RoundProgress(st.empty(), clip, settings)
             trace, problem = widgets.decode_with_reference(clip, replace(settings, keep_attention=True), progress)
             if problem:
                 st.warning(f"{problem}; the other positions are still shown.")
@@ -61,7 +61,7 @@ def time_it(clip, settings, repeats: int) -> dict | None:
         arms["speculative"] = replace(settings, reference="always")
     with st.status(f"Timing greedy against speculative: {repeats} warm repetitions each", expanded=True) as status:
         try:
-            table, results = benchmark(widgets.pipeline(), arms, [clip], repeats)
+            table, results = benchmark(widgets.pipeline(), arms, [clip], repeats, widgets.PageBar)
         except widgets.DECODE_ERRORS as error:
             widgets.report(error)
             return None

@@ -25,12 +25,16 @@ clip = widgets.clip_input("windows")
 
 def run_windows(clip, settings) -> dict:
     traces, reasons = {}, {}
-    with st.status("Decoding under every window…", expanded=True) as status:
-        for window in WINDOWS:
-            status.write(window)
+    with st.status(f"Decoding {clip.id} under every window…", expanded=True) as status:
+        bar = widgets.PageBar(WINDOWS, desc="windows", unit="windows")
+        rounds = st.empty()
+        for window in bar:
+            bar.set_postfix_str(window)
             try:
                 traces[window], reasons[window] = widgets.decode_with_reference(
-                    clip, replace(settings, window=window, verify_peaks=False)
+                    clip,
+                    replace(settings, window=window, verify_peaks=False),
+                    widgets.RoundProgress(rounds, clip, settings),
                 )
             except AlignmentError as error:
                 reasons[window] = str(error)

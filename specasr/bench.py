@@ -69,7 +69,7 @@ def _ours_greedy(settings: Settings) -> bool:
 
 
 def benchmark(
-    pipeline: Pipeline, arms: dict[str, Settings], clips: list[Clip], repeats: int = 5
+    pipeline: Pipeline, arms: dict[str, Settings], clips: list[Clip], repeats: int = 5, progress: type[tqdm] = tqdm
 ) -> tuple[pd.DataFrame, dict[str, ArmResult]]:
     """Decode every clip `repeats` times in every arm, interleaved, after one warm-up decode per arm.
 
@@ -79,34 +79,39 @@ def benchmark(
     the baseline. No arm records verification peaks: the loop is timed, not the trace's diagnostics. After the timing,
     each arm's captured steps are timed alone, and arms in another precision are checked against float32 greedy.
     Returns one row per clip and arm, the baseline included (medians over repetitions), and every arm's decodes.
+    progress: the bar class that reports each phase (tqdm's interface; the dashboard draws it on the page).
     """
     greedy_arms = [name for name, settings in arms.items() if _ours_greedy(settings)]
     if not greedy_arms:
         raise ValueError("a bench needs our greedy loop among its arms: the baseline")
     arms = {name: replace(settings, verify_peaks=False) for name, settings in arms.items()}
     results = {name: ArmResult(pipeline.resolved(settings)) for name, settings in arms.items()}
-    for name, settings in arms.items():
+    for name, settings in progress(arms.items(), desc="warm-up", unit="arms"):
         compiled = pipeline.compile_seconds()
         pipeline.decode(clips[0], settings)
         results[name].compile_seconds = pipeline.compile_seconds() - compiled
     copy = f"{greedy_arms[0]} (A/A)"
     arms[copy] = arms[greedy_arms[0]]
     results[copy] = ArmResult(results[greedy_arms[0]].settings, copy_of=greedy_arms[0])
-    for clip in tqdm(clips, desc="bench", unit="clip"):
-        for repeat in range(repeats):
-            for name, settings in arms.items():
-                graphs_before = compiled_graphs()
-                results[name].traces.append(pipeline.decode(clip, settings))
-                results[name].repeats.append(repeat)
-                results[name].recompiles += compiled_graphs() - graphs_before
-    for name, settings in arms.items():
+    with progress(total=len(clips) * repeats * len(arms), desc="timed", unit="decodes") as bar:
+        for clip in clips:
+            for repeat in range(repeats):
+                for name, settings in arms.items():
+                    graphs_before = compiled_graphs()
+                    trace = pipeline.decode(clip, settings)
+                    results[name].traces.append(trace)
+                    results[name].repeats.append(repeat)
+                    results[name].recompiles += compiled_graphs() - graphs_before
+                    bar.set_postfix_str(f"{clip.id}, {name}: {trace.brief}", refresh=False)
+                    bar.update()
+    for name, settings in progress(arms.items(), desc="step costs", unit="arms"):
         results[name].steps = pipeline.step_costs(clips[0], settings)
         if results[name].settings.compile:
             results[name].plain_steps = pipeline.step_costs(clips[0], settings, compiled=False)
         if settings.draft is not None:
             results[name].pass_costs = pipeline.pass_costs(clips[len(clips) // 2], settings)
     if any(result.settings.dtype != "float32" for result in results.values()):
-        _check_against_float32(pipeline, clips, results)
+        _check_against_float32(pipeline, clips, results, progress)
     baseline = min(greedy_arms, key=lambda name: sum(t.timings.decode for t in results[name].traces))
     rows = []
     for clip in clips:
@@ -134,12 +139,17 @@ def benchmark(
     return table, results
 
 
-def _check_against_float32(pipeline: Pipeline, clips: list[Clip], results: dict[str, ArmResult]) -> None:
+def _check_against_float32(
+    pipeline: Pipeline, clips: list[Clip], results: dict[str, ArmResult], progress: type[tqdm]
+) -> None:
     """Each arm's first repetition against our float32 greedy loop on the same clips (paper A.4): the share of
     transcript positions that hold the same token, and the clips decoded alike."""
     arm = next(iter(results.values())).settings
     reference = Settings(target=arm.target, device=arm.device, dtype="float32", verify_peaks=False)
-    truth = {clip.hash: pipeline.decode(clip, reference).tokens for clip in tqdm(clips, desc="float32 greedy")}
+    truth = {
+        clip.hash: pipeline.decode(clip, reference).tokens
+        for clip in progress(clips, desc="float32 greedy", unit="clips")
+    }
     for result in results.values():
         first = [t for t, repeat in zip(result.traces, result.repeats, strict=True) if repeat == 0]
         counts = [token_agreement(truth[t.clip_hash], t.tokens) for t in first]

@@ -25,7 +25,7 @@ from specasr.dataset import Utterance, load_utterances
 from specasr.metrics import acceptance, word_error_rate
 from specasr.pipeline import Pipeline
 from specasr.store import Store, StoreError
-from specasr.trace import Settings, Trace
+from specasr.trace import Round, Settings, Trace
 from specasr.windows import REFERENCE_WINDOWS
 
 COMMAND = "dataset"
@@ -135,11 +135,13 @@ def decode_set(
     settings: Settings,
     on_clip: Callable[[int, Utterance], None] | None = None,
     keep_audio: bool = False,
+    on_round: Callable[[Round], None] | None = None,
 ) -> SetDecode:
     """Decode every clip the store does not hold under these settings, storing each as it finishes.
 
     on_clip: called with each clip's index before it is read (a progress report, and the place a caller can stop).
     keep_audio: store each clip's waveform too, for clips whose files may not last (uploads).
+    on_round: called with every round of every decode as it ends (a progress report).
     A clip that cannot be read or decoded is left out, with its reason in `problems`. After the first write the store
     refuses, the rest are not offered to it (a busy store would make each wait): they go to `unstored`.
     """
@@ -155,7 +157,7 @@ def decode_set(
                 outcome.runs[utterance.id] = held[clip.hash]
                 outcome.reused += 1
                 continue
-            trace = _decode(pipeline, clip, settings, outcome.problems)
+            trace = _decode(pipeline, clip, settings, outcome.problems, on_round)
         except (AudioError, AlignmentError) as error:
             outcome.problems[utterance.id] = f"not decoded: {error}"
             continue
@@ -171,16 +173,22 @@ def decode_set(
     return outcome
 
 
-def _decode(pipeline: Pipeline, clip: Clip, settings: Settings, problems: dict[str, str]) -> Trace:
+def _decode(
+    pipeline: Pipeline,
+    clip: Clip,
+    settings: Settings,
+    problems: dict[str, str],
+    on_round: Callable[[Round], None] | None,
+) -> Trace:
     """Decode with reference frames; where the aligner cannot place the words, without them (unless the window
     is centred from them), noting why."""
     try:
-        return pipeline.decode(clip, settings)
+        return pipeline.decode(clip, settings, on_round)
     except AlignmentError as error:
         if settings.window in REFERENCE_WINDOWS:
             raise
         problems[clip.id] = f"no reference frames, so no anchor error: {error}"
-        return pipeline.decode(clip, replace(settings, reference="never"))
+        return pipeline.decode(clip, replace(settings, reference="never"), on_round)
 
 
 def clip_metrics(trace: Trace) -> dict:

@@ -94,11 +94,19 @@ class GridRuns:
     not_stored: list[str] = field(default_factory=list)  # one line per write the store refused
 
 
-def run_grid(pipeline: Pipeline, store: Store, grid: Grid, clips: list[Clip], repeats: int = REPEATS) -> GridRuns:
+def run_grid(
+    pipeline: Pipeline,
+    store: Store,
+    grid: Grid,
+    clips: list[Clip],
+    repeats: int = REPEATS,
+    progress: type[tqdm] = tqdm,
+) -> GridRuns:
     """Decode every clip under the baseline, every cell and the baseline's second copy (`repeats` times each) and the
     peaks pass (once), unless the store holds them: the timed runs all from one batch, the untimed peaks pass from
     any. What it decodes it stores as one batch; where the store refuses it (StoreError), the decodes are kept all
-    the same, their runs without ids and the reason in `not_stored`."""
+    the same, their runs without ids and the reason in `not_stored`. progress: the bar class that reports the decodes
+    (tqdm's interface)."""
     cells = {settings: pipeline.resolved(settings) for settings in grid.cells()}
     baseline, peaks = pipeline.resolved(grid.baseline()), pipeline.resolved(grid.peaks())
     timed = [baseline, *dict.fromkeys(cells.values()), baseline]  # the copy last, away from the baseline
@@ -108,7 +116,7 @@ def run_grid(pipeline: Pipeline, store: Store, grid: Grid, clips: list[Clip], re
     decodes = {i: store.traces(run_id) for i, run_id in enumerate(ids) if run_id is not None}  # the reused runs'
     slots = [(settings, 1 if i == len(timed) else repeats) for i, settings in enumerate([*timed, peaks])]
     fresh = [i for i in range(len(slots)) if i not in decodes]
-    decoded = _decode_interleaved(pipeline, [slots[i] for i in fresh], clips) if fresh else []
+    decoded = _decode_interleaved(pipeline, [slots[i] for i in fresh], clips, progress) if fresh else []
     written, not_stored = _store(store, decoded, _described(fresh, len(timed)))
     for i, run_id, (traces, _) in zip(fresh, written, decoded, strict=True):
         ids[i], decodes[i] = run_id, traces
@@ -214,22 +222,22 @@ def _clips(run: DecodedRun) -> set[str]:
 
 
 def _decode_interleaved(
-    pipeline: Pipeline, slots: list[tuple[Settings, int]], clips: list[Clip]
+    pipeline: Pipeline, slots: list[tuple[Settings, int]], clips: list[Clip], progress: type[tqdm]
 ) -> list[tuple[list[Trace], list[int]]]:
     """Every slot's decodes (its settings, so many repetitions), clip by clip, repetitions interleaved. Returns a run
     per slot, in their order, as the store takes them: its traces and their repetition numbers."""
-    for settings in dict.fromkeys(settings for settings, _ in slots):
+    for settings in progress(dict.fromkeys(settings for settings, _ in slots), desc="warm-up", unit="cells"):
         pipeline.decode(clips[0], settings)  # warm-up, not kept: the first decode of a cell loads and allocates
     traces: list[list[Trace]] = [[] for _ in slots]
     order = list(range(len(slots)))
-    with tqdm(total=sum(repeats for _, repeats in slots) * len(clips), unit="decode") as bar:
+    with progress(total=sum(repeats for _, repeats in slots) * len(clips), desc="timed", unit="decodes") as bar:
         for i, clip in enumerate(clips):
             turn = order[i % len(order) :] + order[: i % len(order)]
             for repeat in range(max(repeats for _, repeats in slots)):
                 for slot in (j for j in turn if repeat < slots[j][1]):
                     settings = slots[slot][0]
-                    bar.set_postfix_str(f"{clip.id} {cell_name(settings)}", refresh=False)
                     traces[slot].append(pipeline.decode(clip, settings))
+                    bar.set_postfix_str(f"{clip.id}, {cell_name(settings)}: {traces[slot][-1].brief}", refresh=False)
                     bar.update()
     return [(runs, [r for _ in clips for r in range(n)]) for runs, (_, n) in zip(traces, slots, strict=True)]
 

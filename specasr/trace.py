@@ -273,6 +273,12 @@ class Trace:
         return [step for steps in rounds.values() for step in spine(steps)]
 
     @property
+    def brief(self) -> str:
+        """What the decode made, in a progress line."""
+        rounds = f" in {len(self.rounds)} rounds" if self.rounds else ""
+        return f"{len(self.tokens)} tokens{rounds} from {self.clip_seconds:.1f} s of audio"
+
+    @property
     def draft_passes(self) -> int:
         return sum(r.drafted for r in self.rounds)
 

@@ -52,7 +52,7 @@ class FakePipeline:
     def resolved(self, settings: Settings) -> Settings:
         return settings
 
-    def decode(self, clip: Clip, settings: Settings) -> Trace:
+    def decode(self, clip: Clip, settings: Settings, on_round=None) -> Trace:
         if settings.reference == "always" and clip.id in self.unalignable:
             raise AlignmentError("no words to align")
         self.decoded.append((clip.id, settings))
