@@ -385,6 +385,22 @@ class PageBar(tqdm):
             self._bar.empty()  # the finished work's result says the rest
 
 
+def window_picker(trace: Trace, key: str) -> int | None:
+    """The 30 s window a long clip's figures show, picked by the user; None for a clip of one window (shown
+    whole)."""
+    if len(trace.segments) < 2:
+        return None
+    bounds = [segment.start_frame * trace.frame_seconds for segment in trace.segments] + [trace.clip_seconds]
+    count = len(trace.segments)
+    return select(
+        st,
+        f"30 s window (the clip was decoded in {count})",
+        list(range(count)),
+        key=key,
+        format_func=lambda i: f"window {i + 1} of {count}: {bounds[i]:.1f}-{bounds[i + 1]:.1f} s",
+    )
+
+
 def report(error: Exception) -> None:
     st.error(f"{type(error).__name__}: {error}")
 

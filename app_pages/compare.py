@@ -52,18 +52,21 @@ def marked(words: list[Word], colour: str) -> str:
     return " ".join(spans) or "*(no speech recognized)*"
 
 
-def drift(trace: Trace, audio: np.ndarray | None) -> go.Figure:
-    """The trace's drift plot, the target's verification peaks at the layer its runtime windows read."""
+def drift(trace: Trace, audio: np.ndarray | None, segment: int | None) -> go.Figure:
+    """The trace's drift plot (of one 30 s window where `segment` says), the target's verification peaks at the layer
+    its runtime windows read."""
     layers = max((len(v.verify_peaks) for v in trace.verified), default=0)
     layer = min(widgets.runtime_layer(trace), layers - 1) if layers else 0
-    figure = drift_figure(trace, widgets.token_pieces(trace), layer, audio)
+    figure = drift_figure(trace, widgets.token_pieces(trace), layer, audio, segment=segment)
     # Without legends (the caption says what each mark is), both plots keep the same size and place.
-    return figure.update_layout(showlegend=False, margin={"t": 20})
+    return figure.update_layout(showlegend=False, margin={"t": 40})
 
 
 def share_time_axis(figures: list[go.Figure], traces: list[Trace]) -> None:
     """One time range for every figure: the clip, or as far as any figure draws, with room for the marks at its
-    ends."""
+    ends (a window's own range is kept: both runs cut the clip alike)."""
+    if figures[0].layout.xaxis.range is not None:
+        return
     drawn = [x for f in figures for d in f.data if d.x is not None for x in d.x if x is not None]
     end = max([*drawn, *(t.clip_seconds for t in traces)])
     for figure in figures:
@@ -150,14 +153,16 @@ st.caption(
 )
 
 st.subheader("Alignment drift, on one time axis")
-figures = [drift(trace, audio) for trace in pair]
+cut_alike = [s.start_frame for s in pair[0].segments] == [s.start_frame for s in pair[1].segments]
+segment = widgets.window_picker(pair[0], key=f"side_window_{clip_id}") if cut_alike else None
+figures = [drift(trace, audio, segment) for trace in pair]
 share_time_axis(figures, list(pair))
 for column, name, figure in zip(st.columns(2), shown, figures, strict=True):
     column.markdown(f"**{name}**")
     column.plotly_chart(figure, key=f"drift_{name.lower()}")
 st.caption(
     "Each row is a transcript token; the clip's waveform above. Green circles: the draft's attention peak for an "
-    "accepted proposal (larger: deeper in the round); red crosses: rejected proposals; blue line: the target's "
+    "accepted proposal (larger: deeper in the round); red crosses: rejected proposals; blue dots: the target's "
     "verification peak at the runtime layer; diamonds: the forced-alignment time; grey bars: the draft's attention "
     "window where one applied."
 )

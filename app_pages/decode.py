@@ -104,7 +104,7 @@ if result["unstored"]:
     st.warning(f"This decode was not stored: {result['unstored']}")
 listen = False  # the clip's player tied to the drift plot below, where the audio is at hand
 if result["audio"] is not None:
-    listen = st.toggle("Listen along the drift plot (click a token to play from its time)", True, key="listen")
+    listen = st.toggle("Listen along the drift plot (click a mark in it to play from its time)", True, key="listen")
     if not listen:
         st.audio(result["audio"], sample_rate=SAMPLE_RATE)
 
@@ -193,19 +193,20 @@ runtime = widgets.runtime_layer(trace)
 layer = st.selectbox(  # one choice per target: another target's layer numbers mean other layers
     "Target layer for verification peaks", range(layers), min(runtime, layers - 1), key=f"layer_{trace.settings.target}"
 )
-figure = drift_figure(trace, pieces, layer, result["audio"])
+segment = widgets.window_picker(trace, key=f"window_{result['run']}")
+figure = drift_figure(trace, pieces, layer, result["audio"], segment=segment)
 if listen:
     drift_player(figure, result["audio"])
 else:
     st.plotly_chart(figure, key="drift")
 st.caption(
     "Each row is a transcript token. Circles: the draft's attention peak for an accepted proposal (larger: deeper in "
-    "the round); crosses: rejected proposals; line: where the target's verification attended at the chosen layer; "
+    "the round); crosses: rejected proposals; blue dots: where the target's verification attended at the chosen layer; "
     "diamonds: the forced-alignment time; grey bars: the draft's attention window where one applied."
 )
 with st.expander("Draft attention heatmap"):
     try:
-        st.plotly_chart(attention_heatmap(trace, pieces), key="heatmap")
+        st.plotly_chart(attention_heatmap(trace, pieces, segment), key="heatmap")
     except ValueError as error:
         st.info(str(error))
 decode = widgets.token_decoder(trace)

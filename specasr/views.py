@@ -3,6 +3,7 @@
 Time axes are in seconds of the clip; hovers give positions in milliseconds and frames.
 """
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -13,6 +14,7 @@ from plotly.subplots import make_subplots
 from specasr.trace import DraftStep, Trace
 
 BELOW = {"orientation": "h", "y": -0.25}  # legends under the plot keep narrow columns readable
+ON_TOP = {"orientation": "h", "yref": "container", "y": 1, "yanchor": "top"}  # at the figure's top, however tall
 ACCEPTED, REJECTED, VERIFIED, ALIGNED, WINDOW = "#2ca02c", "#d62728", "#1f77b4", "#222222", "rgba(128,128,128,0.35)"
 # The draft tree's target token (orange, as the transcript marks the target's own tokens), edges and token labels.
 TARGET_TOKEN, EDGE, LABEL = "#e67e22", "#bbbbbb", "#222222"
@@ -54,13 +56,13 @@ def round_table(trace: Trace, decode: Callable[[list[int]], str]) -> pd.DataFram
             {
                 "round": r.index,
                 "segment": r.segment,
-                "segment start (s)": window_start.get(r.segment),
+                "segment start (s)": round(window_start[r.segment], 2) if r.segment in window_start else None,
                 "start": r.start,
                 "proposed": " | ".join(decode([t]) for t in r.proposed),
                 "accepted": r.accepted,
                 "target token": decode([r.target_token]),
-                "draft ms": 1000 * r.draft_seconds,
-                "verify ms": 1000 * r.verify_seconds,
+                "draft ms": round(1000 * r.draft_seconds, 1),
+                "verify ms": round(1000 * r.verify_seconds, 1),
             }
             for r in trace.rounds
         ]
@@ -176,11 +178,18 @@ def _node_hover(step: DraftStep) -> str:
 
 
 def drift_figure(
-    trace: Trace, pieces: list[str], layer: int, audio: np.ndarray | None = None, rate: int = 16000
+    trace: Trace,
+    pieces: list[str],
+    layer: int,
+    audio: np.ndarray | None = None,
+    rate: int = 16000,
+    segment: int | None = None,
 ) -> go.Figure:
     """Where each transcript token was heard, over the clip's time: the draft's attention peak at every proposal
     (accepted or rejected, marker size by depth), the draft's window where one applied, the target's verification
-    peak at `layer`, and the forced-alignment frame; the waveform above on the same axis."""
+    peak at `layer`, and the forced-alignment frame; the waveform above on the same axis, which shows its times
+    above the waveform too. segment: show that 30 s window's tokens and time only (a long clip's whole drift plot is
+    too tall to read)."""
     figure = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.18, 0.82], vertical_spacing=0.03)
     if audio is not None and len(audio):
         frames = max(1, len(audio) // int(rate * trace.frame_seconds))
@@ -239,14 +248,13 @@ def drift_figure(
             row=2,
             col=1,
         )
-    if verification:
+    if verification:  # points only: a line would cross the plot wherever a peak falls on the clip's start
         figure.add_scatter(
             x=[peak * trace.frame_seconds for peak in verification.values()],
             y=list(verification),
-            mode="lines+markers",
+            mode="markers",
             name=f"target verification peak (layer {layer})",
-            line={"color": VERIFIED, "width": 1},
-            marker={"size": 5},
+            marker={"color": VERIFIED, "size": 5},
             customdata=[
                 [label.get(position, position), _ms(peak, trace.frame_seconds)]
                 for position, peak in verification.items()
@@ -268,22 +276,53 @@ def drift_figure(
             row=2,
             col=1,
         )
-    tick_step = max(1, len(pieces) // 40)
+    first, end = _token_span(trace, len(pieces), segment)
+    height = _height(end - first, DRIFT_TOKEN_SHARE)
+    shown = range(first, end, _label_step(end - first, height, DRIFT_TOKEN_SHARE))
     figure.update_yaxes(
-        title_text="transcript token",
-        tickvals=list(range(0, len(pieces), tick_step)),
-        ticktext=[label[i] for i in range(0, len(pieces), tick_step)],
-        autorange="reversed",
+        title={"text": "transcript token", "standoff": 8},
+        automargin=True,
+        tickvals=list(shown),
+        ticktext=[label[i] for i in shown],
+        range=[end - 0.5, first - 0.5],  # reversed: the first token on top
         row=2,
         col=1,
     )
     figure.update_yaxes(showticklabels=False, row=1, col=1)
+    figure.update_xaxes(showticklabels=True, side="top", row=1, col=1)
     figure.update_xaxes(title_text="audio time (s)", row=2, col=1)
+    if segment is not None:
+        figure.update_xaxes(range=_segment_seconds(trace, segment))
     mark_cuts(figure, trace)
-    figure.update_layout(
-        height=max(420, 14 * len(pieces) + 160), legend={"orientation": "h", "y": 1.02, "yanchor": "bottom"}
-    )
+    figure.update_layout(height=height, legend=ON_TOP, margin={"t": 110})  # room for the legend and the times
     return figure
+
+
+DRIFT_TOKEN_SHARE = 0.82  # of the drift plot's height, the tokens' row
+LABEL_PX, MOST_HEIGHT, FRAME_PX = 18, 1400, 200  # a tick label's room; the tallest figure; margins, axes and legend
+
+
+def _token_span(trace: Trace, count: int, segment: int | None) -> tuple[int, int]:
+    """The transcript positions [first, end) a figure shows: a window's, or all."""
+    if segment is None:
+        return 0, count
+    chosen = trace.segments[segment]
+    return chosen.first_token, chosen.first_token + chosen.tokens
+
+
+def _segment_seconds(trace: Trace, segment: int) -> list[float]:
+    chosen = trace.segments[segment]
+    return [chosen.start_frame * trace.frame_seconds, (chosen.start_frame + chosen.valid_frames) * trace.frame_seconds]
+
+
+def _height(rows: int, share: float) -> int:
+    """A figure tall enough for a label per row, up to MOST_HEIGHT (then labels are thinned: _label_step)."""
+    return min(MOST_HEIGHT, max(420, int(LABEL_PX * rows / share) + FRAME_PX))
+
+
+def _label_step(rows: int, height: int, share: float) -> int:
+    """Label every n-th row so that labels keep LABEL_PX apart."""
+    return max(1, math.ceil(LABEL_PX * rows / (share * (height - FRAME_PX))))
 
 
 def _ms(frame: int | None, frame_seconds: float) -> str:
@@ -291,23 +330,23 @@ def _ms(frame: int | None, frame_seconds: float) -> str:
     return "-" if frame is None else f"{frame * frame_seconds * 1000:.0f} ms (frame {frame})"
 
 
-def attention_heatmap(trace: Trace, pieces: list[str]) -> go.Figure:
+def attention_heatmap(trace: Trace, pieces: list[str], segment: int | None = None) -> go.Figure:
     """The draft's head-averaged audio attention of every kept proposal (rows: round/depth/token), with the forced
     alignment of the token it proposed for. Each 30 s window's rows sit at that window's place on the clip's time
-    axis; dashed lines mark the cuts between windows."""
-    rows = [s for s in trace.spine if s.attention is not None]
+    axis; dashed lines mark the cuts between windows. segment: that window's rows only."""
+    segment_of = {r.index: r.segment for r in trace.rounds}
+    rows = [s for s in trace.spine if s.attention is not None and segment in (None, segment_of[s.round])]
     if not rows:
         raise ValueError("this decode kept no attention rows (decode with keep_attention and an audio draft)")
     start = {r.index: r.start for r in trace.rounds}
-    segment = {r.index: r.segment for r in trace.rounds}
     origin = {seg.index: seg.start_frame for seg in trace.segments}
     names = [
         f"r{s.round} d{s.depth} {pieces[p].strip() if (p := start[s.round] + s.depth - 1) < len(pieces) else '<eot>'}"
         for s in rows
     ]
     figure = go.Figure()
-    for index in sorted({segment[s.round] for s in rows}):
-        chosen = [i for i, s in enumerate(rows) if segment[s.round] == index]
+    for index in sorted({segment_of[s.round] for s in rows}):
+        chosen = [i for i, s in enumerate(rows) if segment_of[s.round] == index]
         width = max(len(rows[i].attention) for i in chosen)
         matrix = np.full((len(chosen), width), np.nan)
         for line, i in enumerate(chosen):
@@ -332,12 +371,17 @@ def attention_heatmap(trace: Trace, pieces: list[str]) -> go.Figure:
             marker={"color": ALIGNMENT_MARK, "symbol": "diamond-open", "size": 8, "line": {"width": 2}},
         )
     mark_cuts(figure, trace)
-    figure.update_yaxes(tickvals=list(range(len(rows))), ticktext=names, autorange="reversed")
+    height = _height(len(rows), 1.0)
+    shown = range(0, len(rows), _label_step(len(rows), height, 1.0))
+    figure.update_yaxes(tickvals=list(shown), ticktext=[names[i] for i in shown], range=[len(rows) - 0.5, -0.5])
+    figure.update_xaxes(title_text="audio time (s)", side="top")  # its times above the rows, however many
+    if segment is not None:
+        figure.update_xaxes(range=_segment_seconds(trace, segment))
     figure.update_layout(
-        xaxis_title="audio time (s)",
-        height=max(320, 16 * len(rows) + 120),
+        height=height,
+        margin={"t": 60},
         coloraxis={"colorscale": "Viridis", "colorbar": {"title": "attention"}},
-        legend=BELOW,
+        legend={"orientation": "h", "y": 0, "yanchor": "top"},  # right under the rows, not a share of their height
     )
     return figure
 

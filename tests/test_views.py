@@ -1,5 +1,7 @@
 """Figures and tables from hand-built traces, without Streamlit."""
 
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -231,3 +233,41 @@ def test_long_audio_views_place_every_window_on_the_clip_time_axis():
     assert [shape.x0 for shape in drift.layout.shapes] == pytest.approx([28.0, 56.0])
     rounds = round_table(trace, lambda tokens: str(tokens[0]))
     assert rounds["segment start (s)"].tolist() == pytest.approx([0.0, 28.0, 56.0])
+
+
+def test_a_long_clips_window_shows_its_own_tokens_and_seconds():
+    trace, pieces = long_trace(), [" a", " b", " c"]
+    drift = drift_figure(trace, pieces, layer=0, segment=1)
+    assert list(drift.layout.yaxis2.range) == [1.5, 0.5]  # token 1 alone, the first on top
+    assert list(drift.layout.yaxis2.tickvals) == [1]
+    assert list(drift.layout.xaxis2.range) == pytest.approx([28.0, 56.0])
+    heatmap = attention_heatmap(trace, pieces, segment=2)
+    assert [t.name for t in heatmap.data if t.type == "heatmap"] == ["window 2"]
+    assert list(heatmap.layout.xaxis.range) == pytest.approx([56.0, 70.0])
+    assert list(heatmap.layout.yaxis.ticktext) == ["r2 d1 c"]
+
+
+def test_drift_figure_shows_times_above_and_below_and_keeps_its_labels_apart():
+    count = 300  # the tokens of a long clip
+    long = Trace("long", Settings(), list(range(count)), "", segments=[Segment(0, 0, 1500, 0, count)])
+    figure = drift_figure(long, [f" w{i}" for i in range(count)], layer=0)
+    assert figure.layout.height <= 1400
+    ticks = list(figure.layout.yaxis2.tickvals)
+    pixels = 0.82 * (figure.layout.height - 200) / count * (ticks[1] - ticks[0])
+    assert pixels >= 18  # a label's room
+    assert figure.layout.xaxis.side == "top" and figure.layout.xaxis.showticklabels  # times above the waveform
+    assert figure.layout.yaxis2.title.standoff > 0 and figure.layout.yaxis2.automargin  # the title clears its labels
+    few = drift_figure(trace(), PIECES, layer=0)
+    assert list(few.layout.yaxis2.tickvals) == [0, 1, 2, 3]
+
+
+def test_verification_peaks_are_points_not_a_line_across_the_plot():
+    figure = drift_figure(trace(), PIECES, layer=1)
+    assert next(t for t in figure.data if t.name.startswith("target verification")).mode == "markers"
+
+
+def test_round_table_rounds_its_times():
+    table = round_table(long_trace(), lambda tokens: str(tokens[0]))
+    assert table["draft ms"].tolist() == [10.0, 10.0, 10.0] and table["verify ms"].tolist() == [20.0, 20.0, 20.0]
+    odd = round_table(replace(trace(), rounds=[Round(0, 0, 1, [2], 1, 3, 0.6469654, 0.2003616, 1)]), str)
+    assert (odd["draft ms"][0], odd["verify ms"][0]) == (647.0, 200.4)
