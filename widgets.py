@@ -16,7 +16,15 @@ import torch
 from tqdm import tqdm
 
 from specasr.align import AlignerUnavailableError, AlignmentError
-from specasr.audio import SAMPLE_RATE, AudioError, Clip, load_audio, split_windows
+from specasr.audio import (
+    DEFAULT_MAX_SECONDS,
+    SAMPLE_RATE,
+    AudioError,
+    AudioTooLongError,
+    Clip,
+    load_audio,
+    split_windows,
+)
 from specasr.cache import cache_dir
 from specasr.draft import DraftMismatchError, shipped_drafts
 from specasr.pipeline import Pipeline
@@ -59,7 +67,7 @@ def devices() -> list[str]:
 
 # Sidebar settings kept in the page's address, so that a link reopens the same view: query parameter -> its type.
 SIDEBAR_KEYS = ("target", "target_folder", "device", "dtype", "draft", "draft_dtype", "k", "window", "half_width")
-SIDEBAR_KEYS += ("runtime_layer", "threshold", "tree_width", "tree_nodes")
+SIDEBAR_KEYS += ("runtime_layer", "threshold", "tree_width", "tree_nodes", "longest")
 URL_SETTINGS = {"target": str, "device": str, "dtype": str, "draft": str, "window": str, "k": int, "threshold": float}
 URL_SETTINGS |= {"tree_width": int, "tree_nodes": int}
 MOST_K = 16
@@ -171,6 +179,7 @@ def settings_sidebar(windows: bool = True) -> Settings:
     half_width = bar.number_input("Window half-width (ms)", 20.0, 5000.0, 400.0, step=20.0, key="half_width")
     layer = bar.number_input("Runtime layer (-1: the target's)", -1, 63, -1, key="runtime_layer")
     threshold = bar.slider("Confidence threshold", 0.0, 0.95, 0.0, step=0.05, key="threshold")
+    longest = bar.number_input("Longest clip (minutes)", 0.5, 120.0, DEFAULT_MAX_SECONDS / 60, step=0.5, key="longest")
     st.session_state["sidebar"] = {key: st.session_state[key] for key in SIDEBAR_KEYS if key in st.session_state}
     try:
         settings = Settings(
@@ -184,6 +193,7 @@ def settings_sidebar(windows: bool = True) -> Settings:
             half_width_ms=half_width,
             runtime_layer=None if layer < 0 else int(layer),
             threshold=threshold,
+            max_seconds=60 * longest,
             tree_width=width,
             tree_nodes=nodes,
         )
@@ -270,7 +280,7 @@ def follow_stored(trace: Trace, run_id: str) -> Clip | None:
     return clip
 
 
-def clip_input(key: str) -> Clip | None:
+def clip_input(key: str, max_seconds: float = DEFAULT_MAX_SECONDS) -> Clip | None:
     """The clip a page measures: the followed clip (the last one picked on any page, or a stored run's), an
     upload, the browser's microphone, or the bundled example; None until one is given. What is picked here is
     followed on every page."""
@@ -294,17 +304,19 @@ def clip_input(key: str) -> Clip | None:
             st.caption(f"Example: “{EXAMPLE_TEXT}” (espeak-ng, {clip.seconds:.1f} s)")
             return clip
         if source == "upload":
-            upload = st.file_uploader("Audio file (wav, flac, ogg, mp3, m4a; up to 10 minutes)", key=f"{key}_upload")
+            upload = st.file_uploader(
+                f"Audio file (wav, flac, ogg, mp3, m4a; up to {max_seconds / 60:g} minutes)", key=f"{key}_upload"
+            )
         else:
             upload = st.audio_input("Record a clip", key=f"{key}_microphone")
         text = st.text_input("Reference text (optional: what is said, for the word error rate)", key=f"{key}_text")
         if upload is None:
             return None
-        clip = Clip(upload.name, load_audio(upload), text=text.strip())
+        clip = Clip(upload.name, load_audio(upload, max_seconds), text=text.strip())
         follow(clip, "an upload" if source == "upload" else "a recording")
         return clip
     except AudioError as error:
-        st.error(str(error))
+        report(error)
         return None
 
 
@@ -402,7 +414,12 @@ def window_picker(trace: Trace, key: str) -> int | None:
 
 
 def report(error: Exception) -> None:
-    st.error(f"{type(error).__name__}: {error}")
+    if isinstance(error, AudioTooLongError):
+        st.error(f"{error}: raise Longest clip in the sidebar, or split the clip.")
+    elif isinstance(error, AudioError):
+        st.error(str(error))
+    else:
+        st.error(f"{type(error).__name__}: {error}")
 
 
 Written = TypeVar("Written")

@@ -8,7 +8,7 @@ import streamlit as st
 
 import widgets
 from specasr.cache import cache_dir
-from specasr.compare import COLUMNS, DIFFERENCE, Comparison, compare, compare_runs
+from specasr.compare import DIFFERENCE, Comparison, compare, compare_runs
 from specasr.dataset import load_manifest, spread
 from specasr.draft import shipped_drafts
 from specasr.experiments import REPEATS, Grid, GridRuns, draft_label, grid_traces, run_grid
@@ -60,8 +60,8 @@ def draft_pairs(runs: GridRuns, sets: Weighting) -> list[DraftPair]:
 
 def show_pairs(pairs: list[DraftPair]) -> None:
     """Every pair's differences in one table, what they hold, and a link to each pair side by side."""
-    rows = [p.comparison.table().assign(**{"run A": p.draft_a, "run B": p.draft_b}) for p in pairs]
-    st.dataframe(pd.concat(rows)[["run A", "run B", *COLUMNS]], hide_index=True, key="checkpoint_differences")
+    rows = [p.comparison.table(**{"run A": p.draft_a, "run B": p.draft_b}) for p in pairs]
+    st.dataframe(pd.concat(rows), hide_index=True, key="checkpoint_differences")
     name_a = pairs[0].draft_a if len(pairs) == 1 else "the draft in column run A"
     st.caption(pairs[0].comparison.caption(name_a, pairs[0].draft_b))
     for pair in pairs:
@@ -95,7 +95,7 @@ with tab_run:
     if source == "evaluation clips":
         count = st.slider("Clips spread over ../shared/data/speech", 1, 40, 4, key="checkpoint_count")
     else:
-        single = widgets.clip_input("checkpoints")
+        single = widgets.clip_input("checkpoints", settings.max_seconds)
     repeats = st.number_input("Timing repetitions", 1, 20, REPEATS, key="checkpoint_repeats")
     if st.button("Compare", type="primary", key="compare"):
         try:

@@ -140,7 +140,8 @@ if not utterances:
     st.info("Upload a manifest and its audio files.")
     st.stop()
 if st.session_state.get("dataset_count", 0) > len(utterances):  # remembered from a larger manifest
-    del st.session_state["dataset_count"]
+    # Set, not deleted: the browser keeps showing a deleted value until the widget is sent a new one.
+    st.session_state["dataset_count"] = min(DEFAULT_CLIPS, len(utterances))
 count = st.number_input(
     f"Clips, spread evenly through the manifest's {len(utterances)}",
     1,

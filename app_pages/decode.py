@@ -31,7 +31,7 @@ if requested[0] and st.session_state.get("opened") != requested:
         st.session_state["decoded"] = widgets.stored_result(chosen[0], requested[0])
         st.session_state["decode_source"] = widgets.FOLLOWED  # Run decodes the clip on screen again
 settings = widgets.settings_sidebar()
-clip = widgets.clip_input("decode")
+clip = widgets.clip_input("decode", settings.max_seconds)
 
 
 def run(clip, settings) -> dict | None:

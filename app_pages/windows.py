@@ -7,7 +7,7 @@ import streamlit as st
 
 import widgets
 from specasr.align import AlignmentError
-from specasr.compare import COLUMNS, DIFFERENCE, Comparison, compare
+from specasr.compare import DIFFERENCE, Comparison, compare
 from specasr.metrics import acceptance, depth_profile
 from specasr.views import depth_figure, survival_figure
 from specasr.windows import WINDOWS
@@ -20,7 +20,7 @@ st.write(
     "shifted 500 ms off the words should do much worse."
 )
 settings = widgets.settings_sidebar(windows=False)
-clip = widgets.clip_input("windows")
+clip = widgets.clip_input("windows", settings.max_seconds)
 
 
 def run_windows(clip, settings) -> dict:
@@ -100,8 +100,8 @@ st.dataframe(summary, hide_index=True, key="summary")
 differences = result["differences"]
 if differences:
     st.subheader(f"Each window against {BASE}: {DIFFERENCE}")
-    rows = [c.table().assign(window=w) for w, c in differences.items()]
-    st.dataframe(pd.concat(rows)[["window", *COLUMNS]], hide_index=True, key="differences")
+    rows = [c.table(window=w) for w, c in differences.items()]
+    st.dataframe(pd.concat(rows), hide_index=True, key="differences")
     st.caption(next(iter(differences.values())).caption("the row's window", BASE))
     if result["unstored"] is None:  # runs that were not stored have no page to open
         for window in differences:

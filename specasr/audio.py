@@ -100,7 +100,7 @@ class TruncatedAudioError(AudioError):
 
 
 class AudioTooLongError(AudioError):
-    """Longer than the limit, by default one Whisper window."""
+    """Longer than the length limit (DEFAULT_MAX_SECONDS unless a caller asks for another)."""
 
 
 def load_audio(source: str | os.PathLike | bytes | BinaryIO, max_seconds: float = DEFAULT_MAX_SECONDS) -> np.ndarray:
@@ -201,10 +201,7 @@ def _decode_av(data: str | bytes, name: str, max_seconds: float) -> tuple[np.nda
 
 def _check_length(seconds: float, max_seconds: float, name: str) -> None:
     if seconds > max_seconds:
-        raise AudioTooLongError(
-            f"{name} is {seconds:.2f} s long, over the {max_seconds:g} s limit; "
-            "raise the limit (--max-seconds) or split the clip into shorter pieces"
-        )
+        raise AudioTooLongError(f"{name} is {seconds:.2f} s long, over the {max_seconds:g} s limit")
 
 
 def _validate(samples: np.ndarray, sample_rate: int, max_seconds: float, name: str) -> np.ndarray:

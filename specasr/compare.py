@@ -66,10 +66,14 @@ class Comparison:
     def clips(self) -> int:
         return len(self.pairs)
 
-    def table(self) -> pd.DataFrame:
-        """One row per metric: A's value, B's, A - B, its interval and the clip count."""
+    def table(self, **labels: str) -> pd.DataFrame:
+        """One row per metric: A's value, B's, A - B, its interval (none for one clip: NO_INTERVAL) and the clip
+        count; `labels` first, as columns of the same value in every row."""
         rows = [[d.metric, d.a, d.b, d.difference, d.low, d.high, self.clips] for d in self.differences]
-        return pd.DataFrame(rows, columns=COLUMNS)
+        table = pd.DataFrame(rows, columns=COLUMNS)
+        if self.clips == 1:
+            table = table.drop(columns=["low", "high"])
+        return pd.concat([pd.DataFrame(labels, index=table.index), table], axis=1)
 
     def caption(self, name_a: str, name_b: str) -> str:
         """What the table holds, in words: which run is A, which B, over which clips, and its intervals."""

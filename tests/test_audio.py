@@ -215,7 +215,7 @@ def test_non_finite(bad):
 
 def test_too_long(tmp_path):
     sf.write(tmp_path / "a.wav", tone(2.0, 44100), 44100)
-    with pytest.raises(AudioTooLongError, match=r"2\.00 s long, over the 1 s limit; raise the limit.*or split"):
+    with pytest.raises(AudioTooLongError, match=r"2\.00 s long, over the 1 s limit$"):
         load_audio(tmp_path / "a.wav", max_seconds=1.0)
 
 

@@ -43,6 +43,11 @@ def test_user_mistakes_exit_non_zero_without_traceback(tmp_path):
         assert done.stdout == ""
 
 
+def test_a_clip_over_the_length_limit_says_how_to_raise_it(capsys, sample_clips):
+    assert main(["transcribe", str(sample_clips[0].path), "--max-seconds", "1"]) == 2
+    assert capsys.readouterr().err.endswith("s limit; raise it with --max-seconds, or split the clip\n")
+
+
 def test_unknown_target_is_a_user_error(capsys, sample_clips):
     assert main(["transcribe", str(sample_clips[0].path), "--target", "whisper-huge"]) == 2
     assert "no target 'whisper-huge': it is not a local folder" in capsys.readouterr().err

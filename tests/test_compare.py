@@ -72,8 +72,10 @@ def test_one_shared_clip_has_no_interval():
     comparison = compare([speculative_trace("c1", [3, 1])], [speculative_trace("c1", [1, 0], OTHER)])
     table = comparison.table().set_index("metric")
     assert table.loc["L", DIFFERENCE] == pytest.approx(2.0 - 0.5)
-    assert table.low.isna().all() and table.high.isna().all()  # never a zero-width interval
+    assert "low" not in table and "high" not in table  # never a zero-width interval, nor a column of None
     assert NO_INTERVAL in comparison.caption("a", "b") and "on the one clip" in comparison.caption("a", "b")
+    labelled = comparison.table(window="shift")
+    assert list(labelled.columns[:2]) == ["window", "metric"] and set(labelled.window) == {"shift"}
 
 
 def test_runs_without_a_shared_clip_are_refused():

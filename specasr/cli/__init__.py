@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from specasr.align import AlignerUnavailableError, AlignmentError
-from specasr.audio import AudioError
+from specasr.audio import AudioError, AudioTooLongError
 from specasr.cli import (
     align,
     bench,
@@ -58,5 +58,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.run(args) or 0
     except USER_ERRORS as error:
-        print(f"error: {error}", file=sys.stderr)
+        remedy = "; raise it with --max-seconds, or split the clip" if isinstance(error, AudioTooLongError) else ""
+        print(f"error: {error}{remedy}", file=sys.stderr)
         return 2
