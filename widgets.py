@@ -26,8 +26,10 @@ from specasr.audio import (
     split_windows,
 )
 from specasr.cache import cache_dir
+from specasr.dataset import load_manifest, spread
 from specasr.draft import DraftMismatchError, shipped_drafts
 from specasr.pipeline import Pipeline
+from specasr.pooled import Weighting, weighting
 from specasr.store import Store, StoreError
 from specasr.targets import BUILTIN_TARGETS, DTYPES, TargetUnavailableError
 from specasr.trace import MOST_TREE_WIDTH, Round, Settings, SettingsError, Trace, candidate_count, default_nodes
@@ -330,6 +332,13 @@ def _followed_clip(current: Followed) -> Clip | None:
         f"{clip.id}: {clip.seconds:.1f} s, from {current.source}{text}. Every page measures it until you pick another."
     )
     return clip
+
+
+def evaluation_clips(count: int) -> tuple[list[Clip], Weighting]:
+    """`count` clips spread over the evaluation set, and how its sets weigh them (as the command line's --clips)."""
+    utterances = spread(load_manifest(), count)
+    clips = [u.clip() for u in utterances]
+    return clips, weighting({c.hash: u.subset for c, u in zip(clips, utterances, strict=True)})
 
 
 def decode_with_reference(

@@ -9,7 +9,6 @@ import streamlit as st
 import widgets
 from specasr.cache import cache_dir
 from specasr.compare import DIFFERENCE, Comparison, compare, compare_runs
-from specasr.dataset import load_manifest, spread
 from specasr.draft import shipped_drafts
 from specasr.experiments import REPEATS, Grid, GridRuns, draft_label, grid_traces, run_grid
 from specasr.intervals import aa_warning, unreliable_mark
@@ -105,9 +104,7 @@ with tab_run:
             if len(names) < 2:
                 raise ValueError("choose at least two drafts")
             if source == "evaluation clips":
-                utterances = spread(load_manifest(), count)
-                clips = [u.clip() for u in utterances]
-                sets = weighting({c.hash: u.subset for c, u in zip(clips, utterances, strict=True)})
+                clips, sets = widgets.evaluation_clips(count)
             elif single is None:
                 raise ValueError("give a clip first")
             else:

@@ -4,12 +4,15 @@ verification passes) speeds decoding up when dL / (1 + L) > dC / (1 + K rho) (pa
 import streamlit as st
 
 import widgets
-from specasr.experiments import stored_grid
+from specasr.draft import shipped_drafts
+from specasr.experiments import REPEATS, Grid, run_grid, stored_grid
 from specasr.metrics import acceptance, correction_pays, predicted_speed_change, rho
 from specasr.report import tables
 from specasr.targets import BUILTIN_TARGETS
+from specasr.trace import Settings
 from specasr.views import cost_rule_figure
 
+RUNTIME_CONTRAST = ("unrestricted", "shift", "runtime")  # the runtime correction and both uncorrected bases
 st.title("Cost rule")
 st.write(
     "One round costs about 1 + K rho verification passes (rho: one draft step's cost relative to one verification) "
@@ -60,11 +63,30 @@ try:
 except widgets.DECODE_ERRORS as error:
     widgets.report(error)
     st.stop()
-if runs is None:
-    st.info(
-        f"No experiment on {target} in the store yet. Run one, for example:\n\n"
-        f"`python -m specasr experiment --target {target} --draft shipped --window unrestricted,runtime --k 2,4`"
+with st.expander("Run an experiment here", expanded=runs is None):
+    st.caption(
+        f"Every draft shipped for {target}, unrestricted, shifted and runtime-corrected windows, at each K, timed "
+        "against greedy decoding with its A/A copy (the command line's `python -m specasr experiment` takes more "
+        "choices: trees, thresholds, several data sets)."
     )
+    columns = st.columns(3)
+    count = columns[0].slider("Evaluation clips", 1, 40, 4, key="rule_clips")
+    ks = columns[1].multiselect("K", list(range(1, 9)), [2, 4], key="rule_ks")
+    repeats = columns[2].number_input("Timing repetitions", 1, 20, REPEATS, key="rule_repeats")
+    if st.button("Run the experiment", type="primary", key="rule_run", disabled=not ks):
+        base = Settings(target=target, device=widgets.devices()[0])
+        grid = Grid(base, tuple(shipped_drafts(target)), RUNTIME_CONTRAST, tuple(sorted(ks)))
+        try:
+            with st.spinner(f"Decoding {count} clips under {len(grid.cells())} cells and greedy…"):
+                clips, _ = widgets.evaluation_clips(count)
+                made = run_grid(widgets.pipeline(), widgets.store(), grid, clips, repeats, widgets.PageBar)
+            for reason in made.not_stored:
+                st.warning(f"Not stored, so not shown below: {reason}")
+            runs = stored_grid(widgets.store(), target)
+        except (*widgets.DECODE_ERRORS, FileNotFoundError) as error:
+            widgets.report(error)
+if runs is None:
+    st.info(f"No experiment on {target} in the store yet: run one above.")
     st.stop()
 key = (runs.baseline, runs.peaks, tuple(sorted(runs.cells.values())))
 found = experiment_tables(str(widgets.store().path), target, key)

@@ -383,3 +383,18 @@ def test_cost_rule_page_shows_the_runtime_table_of_a_stored_experiment():
     row = frame_with(app, "d_L", "cost", "predicted_pays").iloc[0]
     assert (row.window, row.d_L) == ("runtime", pytest.approx(4 / 3 - 1 / 3))
     assert "rule_figure" in figures(app)
+
+
+def test_cost_rule_page_runs_an_experiment_with_progress_and_shows_its_tables():
+    app = page("cost_rule")
+    before = stored_grid(Store(), "whisper-tiny.en")
+    app.slider(key="rule_clips").set_value(1)
+    app.multiselect(key="rule_ks").set_value([2])
+    app.number_input(key="rule_repeats").set_value(1)
+    app.button(key="rule_run").click().run()
+    assert not app.exception and not app.error
+    runs = stored_grid(Store(), "whisper-tiny.en")
+    assert before is None or runs.baseline != before.baseline
+    assert {s.window for s in runs.cells} == {"unrestricted", "shift", "runtime"}
+    runtime = frame_with(app, "d_L", "cost", "predicted_pays")
+    assert set(runtime.uncorrected) == {"unrestricted", "shift"}
