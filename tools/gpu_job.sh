@@ -2,13 +2,15 @@
 # The last call of a GPU job (tools/gpu_stage.py): join the pieces the earlier calls left in /tmp/stage, check and
 # unpack them, install the carried wheels, put weights, drafts and caches where specasr looks, and run the job.
 # Logs go to $OUT; the tables print last.
-#   bash tools/gpu_job.sh [float16|float32|2x2|trees|compile]
+#   bash tools/gpu_job.sh [float16|float32|2x2|trees|compile|dashboard]
 # float16: the CUDA graph tests, then per target the peers bench (graphed and eager greedy, generate, assisted, the
 #   shipped drafts at K 2,4,8; ms/token, host share, agreement with float32 greedy), then a 30 s clip's phases.
 # float32: per target, graphed greedy against eager greedy, generate and one draft, token for token.
 # 2x2: the tiny.en training 2x2 (tools/gpu_2x2.py) from a stage made by tools/gpu_stage.py --job 2x2.
 # trees: the CUDA graph tests (chains and trees), then per target the control draft's chains against draft trees of
 #   width 4 and 8 or 16 nodes at K 2,4,8, captured, float16, against graphed greedy (20 clips x 3).
+# dashboard: the concurrency tests, then per target Live decode on CUDA through AppTest: a 30 s clip's tokens against
+#   the command line's, seconds from Run to the page's first view, and two sessions pressing Run at once.
 # compile: the CUDA graph and compile tests, then per target greedy compiled, plain and eager beside the control
 #   draft's chain and a width-4 tree of 8 nodes at K=4, compiled and captured, float16 (20 clips x 3).
 set -uo pipefail
@@ -25,6 +27,17 @@ python3 -c "import torch, transformers, sys; print(sys.version.split()[0], 'torc
 
 if [ "$job" = 2x2 ]; then
     PYTHONPATH=$stage/code:/tmp/site python3 $stage/code/tools/gpu_2x2.py --stage $stage --out $out --epochs 16 --budget 420 2>>$out/log.txt
+    exit
+fi
+if [ "$job" = dashboard ]; then  # Live decode on CUDA through AppTest (tools/gpu_dashboard.py)
+    python3 -m venv --system-site-packages /tmp/venv  # only what the image lacks comes from the carried wheels
+    /tmp/venv/bin/pip install -q --no-index --find-links $stage/whl-dashboard streamlit pocketsphinx 2>>$out/log.txt
+    /tmp/venv/bin/python -m pytest -q --tb=short -p no:cacheprovider tests/test_concurrency.py >$out/concurrency.txt 2>&1
+    tail -3 $out/concurrency.txt
+    for target in whisper-tiny.en whisper-base; do
+        /tmp/venv/bin/python tools/gpu_dashboard.py $stage/long/audio/long-30s.flac --target $target \
+            --draft $target/anchordraft --out $out/$target-dashboard.json 2>>$out/log.txt || tail -20 $out/log.txt
+    done
     exit
 fi
 if [ "$job" = trees ]; then

@@ -11,7 +11,9 @@ clip made of whole clips and silence. For the tiny.en 2x2 (`--job 2x2`, tools/gp
 wheels, the local feature cache's examples (ids, tokens, reference frames: the states are recomputed there) with
 their clips as FLAC, and the held-out clips of train-speech-2.
 
-    python -m tools.gpu_stage [--job bench|2x2] [--clips 20] [--piece-mb 61] [--out .devcarry]
+For Live decode on the GPU (`--job dashboard`, tools/gpu_dashboard.py): the bench's files and the dashboard's wheels.
+
+    python -m tools.gpu_stage [--job bench|2x2|dashboard] [--clips 20] [--piece-mb 61] [--out .devcarry]
 """
 
 import argparse
@@ -36,6 +38,10 @@ from specasr.trainset import SENTENCES, data_hash, feature_cache, load_examples,
 
 WHEELS = Path(".whl")
 LEAVE_OUT = ("av", "pocketsphinx")  # the bench reads FLAC with soundfile and aligns nothing
+# The dashboard's own wheels with all their needs; the job installs only those the image lacks. Filled once with:
+#   pip download streamlit==1.67.0 pocketsphinx==5.0.4 --only-binary=:all: --python-version 3.12
+#       --platform manylinux2014_x86_64 -d .whl-dashboard
+DASHBOARD_WHEELS = Path(".whl-dashboard")
 LONG_SECONDS = 30.0
 
 
@@ -95,6 +101,14 @@ def bench_files(clips: int) -> dict[str, bytes]:
     return files
 
 
+def dashboard_files(clips: int) -> dict[str, bytes]:
+    """The bench's files, and the wheels Streamlit and the aligner need, for Live decode through AppTest."""
+    wheels = sorted(DASHBOARD_WHEELS.glob("*.whl"))
+    if not any(p.name.startswith("streamlit-") for p in wheels):
+        raise SystemExit(f"no streamlit wheel in {DASHBOARD_WHEELS}/: download the dashboard's wheels first")
+    return bench_files(clips) | {f"whl-dashboard/{p.name}": p.read_bytes() for p in wheels}
+
+
 def committed_code() -> dict[str, bytes]:
     """specasr/ and tools/ as committed: the job runs what HEAD holds, whatever the working tree is in the middle of."""
     archive = subprocess.run(["git", "archive", "HEAD", "specasr", "tools"], check=True, capture_output=True).stdout
@@ -136,7 +150,7 @@ def pack(files: dict[str, bytes]) -> bytes:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--job", default="bench", choices=["bench", "2x2"])
+    parser.add_argument("--job", default="bench", choices=["bench", "2x2", "dashboard"])
     parser.add_argument("--clips", type=int, default=20, help="evaluation clips (bench)")
     parser.add_argument("--real", type=int, default=251, help="2x2: clips of train-speech")
     parser.add_argument("--real-2", type=int, default=500, help="2x2: clips of train-speech-2")
@@ -144,7 +158,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(".devcarry"))
     args = parser.parse_args()
 
-    data = pack(bench_files(args.clips) if args.job == "bench" else two_by_two_files(args.real, args.real_2))
+    jobs = {"bench": lambda: bench_files(args.clips), "dashboard": lambda: dashboard_files(args.clips)}
+    jobs["2x2"] = lambda: two_by_two_files(args.real, args.real_2)
+    data = pack(jobs[args.job]())
     step = int(args.piece_mb * 1e6)
     shutil.rmtree(args.out, ignore_errors=True)
     pieces = range(0, len(data), step)
@@ -156,7 +172,7 @@ def main() -> None:
     print(f"{len(data) / 1e6:.1f} MB in {len(pieces)} pieces; with drafts/ out of the working tree, a call each:")
     for number in range(1, len(pieces)):
         print(f"  carry .devcarry/p{number}: mkdir -p /tmp/stage && cp .devcarry/p{number}/* /tmp/stage/")
-    job = "bash tools/gpu_job.sh" + (" 2x2" if args.job == "2x2" else "")
+    job = "bash tools/gpu_job.sh" + ("" if args.job == "bench" else f" {args.job}")
     print(f"  carry .devcarry/p{len(pieces)}: {job}")
 
 
