@@ -69,6 +69,8 @@ def time_it(clip, settings, repeats: int) -> dict | None:
         status.update(label="Timed", state="complete", expanded=False)
     rows = summary(table, results).set_index("arm")
     timed = {"speed": rows.loc["speculative"], "greedy": rows.loc["greedy"], "aa": aa_check(results)}
+    greedy = results["greedy"].settings
+    timed["baseline"] = f"{'graphed ' if greedy.graphs else ''}greedy decoding on {greedy.device} ({greedy.dtype})"
     return timed | {"runs": runs, "unstored": unstored, "repeats": repeats}
 
 
@@ -170,7 +172,8 @@ else:
     )
     stored_as = f" (runs {runs['greedy']} and {runs['speculative']})" if runs else ""
     st.caption(
-        f"Speedups against greedy decoding of the same clip, medians of {timing['repeats']} warm repetitions per arm, "
+        f"Speedups against {timing['baseline']} of {trace.clip_id}, medians of {timing['repeats']} warm repetitions "
+        "per arm, "
         f"interleaved, after one warm-up decode each; {spread}{stored_as}."
     )
     if not speed.same_tokens_clips:

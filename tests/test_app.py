@@ -89,6 +89,7 @@ def test_live_decode_shows_transcript_metrics_and_drift(sample_clips):
     assert len(runs) == before + 4 and set(runs.command.iloc[:3]) == {"dashboard-bench"}
     shown = " ".join(c.value for c in app.caption)
     assert "medians of 2 warm repetitions per arm" in shown and "A/A check, greedy timed twice" in shown
+    assert "Speedups against greedy decoding on cpu (float32) of clip.wav," in shown  # the baseline and the clip
     reliable = re.search(r"the speedups above are (reliable|UNRELIABLE)", shown).group(1) == "reliable"
     assert speedup.label == "Decode-phase speedup" + ("" if reliable else " (UNRELIABLE)")  # the verdict, beside it
 
