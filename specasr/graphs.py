@@ -12,8 +12,9 @@ graph replays fused kernels. Compiled steps run outside inference mode, whose te
 """
 
 import statistics
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from typing import TypeVar
@@ -37,6 +38,9 @@ GRAPH_DEVICES = ("cuda",)  # where steps are captured; elsewhere they run eagerl
 # (docs/measurements.md, "Compiled steps"); on CUDA they have not been measured yet
 COMPILED_BY_DEFAULT = {"cpu": False, "cuda": False}
 MOST_COMPILED_SHAPES = 64  # graphs one step's code compiles to in a process: one per target, draft, K, tree, frames
+# One step made at a time in a process: a compile patches dynamo's settings process-wide, and PyTorch captures one
+# graph at a time
+_MAKING = threading.Lock()
 Steps = TypeVar("Steps")
 
 
@@ -46,14 +50,20 @@ class CapturedStep:
 
     def __init__(self, step: Callable[[], None], capture: bool, compile: bool = False, warmup: int = 2):
         self.step, self.graph, self.compile_seconds = step, None, 0.0
-        if compile:  # a CPU's compiled kernels named to the profiler too, so that they can be counted
-            self.step = torch.compile(step, fullgraph=True, options={"cpp.enable_kernel_profile": True})
-            start = time.perf_counter()
-            with torch._dynamo.config.patch(recompile_limit=MOST_COMPILED_SHAPES, fail_on_recompile_limit_hit=True):
-                self.step()
-            self.compile_seconds = time.perf_counter() - start
-        if not capture:
-            return
+        with _MAKING:
+            if compile:  # a CPU's compiled kernels named to the profiler too, so that they can be counted
+                self.step = torch.compile(step, fullgraph=True, options={"cpp.enable_kernel_profile": True})
+                start = time.perf_counter()
+                patch = torch._dynamo.config.patch(
+                    recompile_limit=MOST_COMPILED_SHAPES, fail_on_recompile_limit_hit=True
+                )
+                with patch:
+                    self.step()
+                self.compile_seconds = time.perf_counter() - start
+            if capture:
+                self._capture(warmup)
+
+    def _capture(self, warmup: int) -> None:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # kernels choose their algorithms and workspaces outside the graph
@@ -61,7 +71,8 @@ class CapturedStep:
                 self.step()
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        # Other sessions' decodes may run on the device meanwhile: only this thread's unsafe calls spoil the capture
+        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
             self.step()
 
     def __call__(self) -> None:
@@ -111,7 +122,7 @@ def _copy_into(buffers, values) -> None:
             setattr(buffers, field.name, value)
 
 
-def _reused(captured: dict | None, key: tuple, make: Callable[[], Steps]) -> Steps:
+def _reused(captured: MutableMapping | None, key: tuple, make: Callable[[], Steps]) -> Steps:
     if captured is None:
         return make()
     if key not in captured:
@@ -119,15 +130,83 @@ def _reused(captured: dict | None, key: tuple, make: Callable[[], Steps]) -> Ste
     return captured[key]
 
 
+class StepPool:
+    """The loops' static steps, kept between decodes and lent to one decode at a time, so that decodes running at
+    once (the dashboard's sessions, each in a thread of its own, share one pipeline) never step over each other's
+    static tensors.
+
+    A pool rather than one lock around the steps: a decode alone reuses one set of steps as before, and one that
+    starts while another holds the steps it needs makes a set of its own and runs beside it instead of waiting for
+    the other to end (under a lock, a 3 s clip waited 5 s behind a 60 s one). That set is kept for the next time two
+    run at once: it costs its static tensors (23-29 MiB for tiny.en) and, captured, its graphs' memory
+    (docs/measurements/cpu-2026-12-06/concurrency.md)."""
+
+    def __init__(self) -> None:
+        self._free: dict[tuple, list] = {}
+        self._made: list = []
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def lend(self) -> Iterator[MutableMapping]:
+        """Where one decode keeps its steps (the `captured` of `loops.loop_for`): the steps for a key are taken from
+        the free ones the first time the decode asks for them, or made where none are free, and all are given back
+        when the decode ends."""
+        loan = _Loan(self)
+        try:
+            yield loan
+        finally:
+            for key in list(loan):
+                del loan[key]
+
+    def made(self) -> list:
+        """Every set of steps made so far, lent or free."""
+        with self._lock:
+            return list(self._made)
+
+
+class _Loan(MutableMapping):
+    """One decode's steps by key, lent by a StepPool."""
+
+    def __init__(self, pool: StepPool):
+        self._pool, self._held = pool, {}
+
+    def __getitem__(self, key: tuple):
+        if key not in self._held:
+            with self._pool._lock:
+                free = self._pool._free.get(key)
+                if not free:
+                    raise KeyError(key)
+                self._held[key] = free.pop()
+        return self._held[key]
+
+    def __setitem__(self, key: tuple, steps) -> None:
+        """Steps this decode made: lent to it now, and kept by the pool after."""
+        self._held[key] = steps
+        with self._pool._lock:
+            self._pool._made.append(steps)
+
+    def __delitem__(self, key: tuple) -> None:
+        """The steps given back to the pool, free for the next decode."""
+        steps = self._held.pop(key)
+        with self._pool._lock:
+            self._pool._free.setdefault(key, []).append(steps)
+
+    def __iter__(self) -> Iterator[tuple]:
+        return iter(self._held)
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+
 def compiled_graphs() -> int:
     """Graphs torch.compile has made in this process so far (counted by dynamo)."""
     return counters["stats"]["unique_graphs"]
 
 
-def compile_seconds(kept: dict) -> float:
-    """Seconds the kept steps spent compiling, on their first calls."""
-    made = (step for steps in kept.values() for step in vars(steps).values())
-    return sum(step.compile_seconds for step in made if isinstance(step, CapturedStep))
+def compile_seconds(made: Iterable) -> float:
+    """Seconds these sets of steps spent compiling, on their first calls."""
+    steps = (step for kept in made for step in vars(kept).values())
+    return sum(step.compile_seconds for step in steps if isinstance(step, CapturedStep))
 
 
 @dataclass(frozen=True)
@@ -246,7 +325,9 @@ class CapturedGreedy:
     """`decode.greedy` as static steps, a Loop: the same tokens and rows. captured: where the steps are kept between
     segments and clips (keyed by target and audio length); none: made anew for every segment."""
 
-    def __init__(self, target: Target, verify_peaks: bool, captured: dict | None = None, mode: StepMode = StepMode()):
+    def __init__(
+        self, target: Target, verify_peaks: bool, captured: MutableMapping | None = None, mode: StepMode = StepMode()
+    ):
         self.target, self.captured, self.mode = target, captured, mode
         self.layers = tuple(range(target.n_layers)) if verify_peaks else ()
 
@@ -465,7 +546,7 @@ class CapturedSpeculative:
         target: Target,
         draft: Draft,
         options: LoopOptions,
-        captured: dict | None = None,
+        captured: MutableMapping | None = None,
         mode: StepMode = StepMode(),
     ):
         self.target, self.draft, self.options, self.captured, self.mode = target, draft, options, captured, mode

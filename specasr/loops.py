@@ -1,7 +1,7 @@
 """The decoding loops behind one interface, chosen once per decode: greedy or speculative (a chain or a draft tree),
 stepped from the host (`specasr.decode`) or replayed as captured steps (`specasr.graphs`)."""
 
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from typing import Protocol
 
 from torch import Tensor
@@ -29,7 +29,7 @@ class Loop(Protocol):
         windows centred from them. on_round: called with every round as it ends (its time counts as decode)."""
 
 
-def loop_for(target: Target, draft: Draft | None, settings: Settings, captured: dict | None = None) -> Loop:
+def loop_for(target: Target, draft: Draft | None, settings: Settings, captured: MutableMapping | None = None) -> Loop:
     """The loop `settings` decode with: greedy without a draft; static steps where `settings.graphs` (captured on
     devices that replay them, which the pipeline keeps it to; elsewhere run eagerly, which is how they are tested) or
     `settings.compile`. captured: where static steps are kept between segments and clips."""

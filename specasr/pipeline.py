@@ -4,10 +4,15 @@ audio -> 30 s windows cut at quiet points -> features -> encoder (once per windo
 alignment, only when the settings need reference frames, and once per clip and target] -> greedy or speculative
 loop, or a peer decoder (specasr.peers) in their place -> one complete trace. Targets, drafts, peers, aligners and
 reference frames are kept for the next decode.
+
+One pipeline serves many decodes at once (the dashboard shares one between its sessions, each in a thread of its own):
+each model and reference is made once, by the first decode that asks for it while the others asking wait for it, and
+the loops' static steps are lent to one decode at a time (graphs.StepPool).
 """
 
+import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
@@ -32,6 +37,7 @@ from specasr.windows import RUNTIME_WINDOWS
 from specasr.words import normalize_for_alignment
 
 T = TypeVar("T")
+K = TypeVar("K", bound=Hashable)
 
 
 class Pipeline:
@@ -46,36 +52,49 @@ class Pipeline:
         self._peers: dict[tuple, Peer] = {}
         self._references: dict[tuple, ClipReference] = {}
         self._reference_cache_failed = False
-        self._captured: dict = {}  # the loops' static steps (captured, compiled), kept across segments and clips
+        self._steps = graphs.StepPool()  # the loops' static steps (captured, compiled), kept across segments and clips
+        self._making: dict[tuple, threading.Lock] = {}  # one per thing made, held while it is made
+        self._lock = threading.Lock()
+
+    def _once(self, kept: dict[K, T], key: K, make: Callable[[], T]) -> T:
+        """kept[key], made by the first caller: callers of the same key meanwhile wait for it, other keys are made
+        beside it (another clip's reference need not wait for this one's)."""
+        if key not in kept:
+            with self._lock:
+                making = self._making.setdefault((id(kept), key), threading.Lock())
+            with making:
+                if key not in kept:
+                    kept[key] = make()
+        return kept[key]
 
     def target(self, settings: Settings) -> Target:
         key = (settings.target, settings.device, settings.dtype)
-        if key not in self._targets:
-            self._targets[key] = load_target(*key)
-        return self._targets[key]
+        return self._once(self._targets, key, lambda: load_target(*key))
 
     def draft(self, settings: Settings) -> Draft | None:
         return self._draft(settings)[0] if settings.draft is not None else None
 
     def _draft(self, settings: Settings) -> tuple[Draft, str, str]:
         key = (settings.target, settings.device, settings.dtype, settings.draft, settings.draft_dtype)
-        if key not in self._drafts:
+
+        def make() -> tuple[Draft, str, str]:
             dtype = DTYPES[settings.draft_dtype] if settings.draft_dtype else None
             draft = resolve_draft(settings.draft, self.target(settings), dtype)
-            self._drafts[key] = (draft, draft.name, draft.weights_hash())  # hashing the weights takes a while
-        return self._drafts[key]
+            return draft, draft.name, draft.weights_hash()  # hashing the weights takes a while
+
+        return self._once(self._drafts, key, make)
 
     def peer(self, settings: Settings) -> Peer:
         key = (settings.decoder, settings.target, settings.device, settings.dtype, settings.assistant)
-        if key not in self._peers:
+
+        def make() -> Peer:
             target = self.target(settings)
-            self._peers[key] = load_peer(settings.decoder, target, settings.device, settings.dtype, settings.assistant)
-        return self._peers[key]
+            return load_peer(settings.decoder, target, settings.device, settings.dtype, settings.assistant)
+
+        return self._once(self._peers, key, make)
 
     def aligner(self, name: str) -> Aligner:
-        if name not in self._aligners:
-            self._aligners[name] = get_aligner(name)
-        return self._aligners[name]
+        return self._once(self._aligners, name, lambda: get_aligner(name))
 
     def resolved(self, settings: Settings) -> Settings:
         """The settings as a decode runs them: a greedy decode carries no draft settings, a speculative one names
@@ -132,23 +151,24 @@ class Pipeline:
             with timer.phase("reference"):
                 reference = self.reference(clip, settings, windows, memories)
 
-        loop = loop_for(target, draft, settings, self._captured) if peer is None else None
         segments, tokens, rounds, steps, verified, runtime_peaks = [], [], [], [], [], []
-        for index, ((start, end), memory) in enumerate(zip(windows, memories, strict=True)):
-            origin = Origin(index, target.frames(start), len(tokens), len(rounds))
-            valid_frames = target.valid_frames(end - start)
-            frames = reference.window_frames(index, origin.frame) if reference else None
-            with timer.phase("decode"):
-                if peer is not None:
-                    result = Decoded(peer.decode(memory))
-                else:
-                    result = loop(memory, valid_frames, origin, frames, on_round)
-            segments.append(Segment(index, origin.frame, valid_frames, len(tokens), len(result.tokens)))
-            tokens += result.tokens
-            rounds += result.rounds
-            steps += result.steps
-            verified += result.verified
-            runtime_peaks += result.runtime_peaks
+        with self._steps.lend() as captured:
+            loop = loop_for(target, draft, settings, captured) if peer is None else None
+            for index, ((start, end), memory) in enumerate(zip(windows, memories, strict=True)):
+                origin = Origin(index, target.frames(start), len(tokens), len(rounds))
+                valid_frames = target.valid_frames(end - start)
+                frames = reference.window_frames(index, origin.frame) if reference else None
+                with timer.phase("decode"):
+                    if peer is not None:
+                        result = Decoded(peer.decode(memory))
+                    else:
+                        result = loop(memory, valid_frames, origin, frames, on_round)
+                segments.append(Segment(index, origin.frame, valid_frames, len(tokens), len(result.tokens)))
+                tokens += result.tokens
+                rounds += result.rounds
+                steps += result.steps
+                verified += result.verified
+                runtime_peaks += result.runtime_peaks
 
         if reference is not None and reference.source == "file":  # only now is the transcript known
             check_reference_length(settings.reference, reference.frames, len(tokens))
@@ -182,7 +202,7 @@ class Pipeline:
 
     def compile_seconds(self) -> float:
         """Seconds torch.compile has spent on the static steps this pipeline keeps."""
-        return graphs.compile_seconds(self._captured)
+        return graphs.compile_seconds(self._steps.made())
 
     def step_costs(
         self, clip: Clip, settings: Settings, repeats: int = 50, compiled: bool | None = None
@@ -199,14 +219,15 @@ class Pipeline:
             return {}
         target = self.target(settings)
         memory, valid_frames = self._first_window(clip, target)
-        loop = loop_for(target, self.draft(settings), settings, self._captured)
-        with loop.mode.running():
-            steps = loop.steps(memory)
-            if settings.draft is None:
-                steps.load(memory, valid_frames)
-            else:
-                steps.load(memory, valid_frames, [])  # no window needs its reference frames to be timed
-            return steps.costs(repeats)
+        with self._steps.lend() as captured:
+            loop = loop_for(target, self.draft(settings), settings, captured)
+            with loop.mode.running():
+                steps = loop.steps(memory)
+                if settings.draft is None:
+                    steps.load(memory, valid_frames)
+                else:
+                    steps.load(memory, valid_frames, [])  # no window needs its reference frames to be timed
+                return steps.costs(repeats)
 
     def pass_costs(self, clip: Clip, settings: Settings, repeats: int = 20) -> tuple[float, float]:
         """The cost model's v(N) and rho(W) for a speculative decode's tree (profiling.pass_costs), on the clip's first
@@ -237,14 +258,15 @@ class Pipeline:
         if settings.reference not in REFERENCE_SOURCES:
             return _reference_file(Path(settings.reference), clip, self.target(settings))
         key = (clip.hash, settings.target, settings.device, settings.dtype, settings.aligner)
-        if key in self._references:
-            return self._references[key]
-        found = self._reference_cache(lambda store: store.reference(*key))
-        if found is None:
-            found = self._align(clip, settings, windows, memories)
-            self._reference_cache(lambda store: store.save_reference(*key, found))
-        self._references[key] = found
-        return found
+
+        def make() -> ClipReference:
+            found = self._reference_cache(lambda store: store.reference(*key))
+            if found is None:
+                found = self._align(clip, settings, windows, memories)
+                self._reference_cache(lambda store: store.save_reference(*key, found))
+            return found
+
+        return self._once(self._references, key, make)
 
     def _reference_cache(self, use: Callable[[Store], T]) -> T | None:
         """`use(store)` on the store's reference frames; a store that fails is warned of once and not asked again (the
@@ -255,7 +277,8 @@ class Pipeline:
             return use(self.store)
         except StoreError as error:
             self._reference_cache_failed = True
-            warnings.warn(f"reference frames not cached in {self.store.path}: {error}", stacklevel=3)
+            # warned at the line that asked for the reference: under this, _once and its make, then reference
+            warnings.warn(f"reference frames not cached in {self.store.path}: {error}", stacklevel=5)
             return None
 
     def _align(self, clip: Clip, settings: Settings, windows, memories) -> ClipReference:
