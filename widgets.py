@@ -1,8 +1,6 @@
 """Streamlit pieces the dashboard's pages share: the one pipeline and store, the settings sidebar, the clip input,
 decoding with reference frames where the aligner can make them, progress and error reporting. No model logic."""
 
-import io
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -13,7 +11,6 @@ import pandas as pd
 import soundfile
 import streamlit as st
 import torch
-from tqdm import tqdm
 
 from specasr.align import AlignerUnavailableError, AlignmentError
 from specasr.audio import (
@@ -23,7 +20,6 @@ from specasr.audio import (
     AudioTooLongError,
     Clip,
     load_audio,
-    split_windows,
 )
 from specasr.cache import cache_dir
 from specasr.dataset import load_manifest, spread
@@ -353,57 +349,6 @@ def decode_with_reference(
             raise AlignmentError(f"the {settings.window} window needs reference frames: {error}") from error
         trace = pipeline().decode(clip, replace(settings, reference="never"), on_round)
         return trace, f"no reference frames: {error}"
-
-
-class RoundProgress:
-    """A decode's live progress line: rounds done and tokens so far; where the clip's windows are known, the 30 s
-    window of audio being decoded and, from the second window on, the time left at the pace of the windows done."""
-
-    def __init__(self, placeholder, clip: Clip | None = None, settings: Settings | None = None):
-        self.placeholder, self.bounds, self.first_round_at = placeholder, None, None
-        if clip is not None:
-            target = pipeline().target(settings)
-            cuts = split_windows(clip.audio, target.window_samples, target.cut_samples)
-            self.bounds = [start / SAMPLE_RATE for start, _ in cuts] + [clip.seconds]
-
-    def __call__(self, round: Round) -> None:
-        line = (
-            f"round {round.index + 1}: {round.accepted} of {len(round.proposed)} proposals accepted · "
-            f"{round.start + round.accepted + 1} tokens so far"
-        )
-        if self.bounds is not None:
-            now = time.perf_counter()
-            self.first_round_at = self.first_round_at or now
-            start, end, seconds = self.bounds[round.segment], self.bounds[round.segment + 1], self.bounds[-1]
-            line += (
-                f" · window {round.segment + 1} of {len(self.bounds) - 1}, {start:.1f}-{end:.1f} s of {seconds:.1f} s"
-            )
-            if start > 0:  # the windows before this one were decoded at this pace
-                line += f" · about {(now - self.first_round_at) / start * (seconds - start):.0f} s left"
-        self.placeholder.write(line)
-
-
-class PageBar(tqdm):
-    """The command line's progress bar (tqdm) drawn on the page: work done, time taken and, once tqdm has a pace,
-    the time left."""
-
-    monitor_interval = 0  # tqdm's monitor thread would draw from outside the page's script thread
-
-    def __init__(self, *args, **kwargs):
-        self._bar = st.empty()
-        meter = "{desc}: {n_fmt} of {total_fmt} {unit} · {elapsed} so far, about {remaining} left{postfix}"
-        super().__init__(*args, mininterval=0, bar_format=meter, file=io.StringIO(), **kwargs)
-
-    def display(self, msg: str | None = None, pos: int | None = None) -> bool:
-        done = self.n / self.total if self.total else 0.0
-        self._bar.progress(min(done, 1.0), text=self.format_meter(**self.format_dict))
-        return True
-
-    def close(self) -> None:
-        closing = not self.disable  # tqdm closes again when collected
-        super().close()
-        if closing:
-            self._bar.empty()  # the finished work's result says the rest
 
 
 def window_picker(trace: Trace, key: str) -> int | None:

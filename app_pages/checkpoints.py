@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import pandas as pd
 import streamlit as st
 
+import progress
 import widgets
 from specasr.cache import cache_dir
 from specasr.compare import DIFFERENCE, Comparison, compare, compare_runs
@@ -111,7 +112,7 @@ with tab_run:
                 clips, sets = [single], weighting({single.hash: single.dataset or "clip"})
             grid = Grid(settings, tuple(names), (settings.window,), (settings.k,), (settings.threshold,))
             with st.spinner(f"Decoding {len(clips)} clips under {len(names)} drafts and greedy…"):
-                runs = run_grid(widgets.pipeline(), widgets.store(), grid, clips, repeats, widgets.PageBar)
+                runs = run_grid(widgets.pipeline(), widgets.store(), grid, clips, repeats, progress.PageBar)
                 found = tables(widgets.store(), runs, sets)
             st.session_state["checkpoints"] = {
                 "cells": found.cells,

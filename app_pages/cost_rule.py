@@ -3,6 +3,7 @@ verification passes) speeds decoding up when dL / (1 + L) > dC / (1 + K rho) (pa
 
 import streamlit as st
 
+import progress
 import widgets
 from specasr.draft import shipped_drafts
 from specasr.experiments import REPEATS, Grid, run_grid, stored_grid
@@ -79,7 +80,7 @@ with st.expander("Run an experiment here", expanded=runs is None):
         try:
             with st.spinner(f"Decoding {count} clips under {len(grid.cells())} cells and greedy…"):
                 clips, _ = widgets.evaluation_clips(count)
-                made = run_grid(widgets.pipeline(), widgets.store(), grid, clips, repeats, widgets.PageBar)
+                made = run_grid(widgets.pipeline(), widgets.store(), grid, clips, repeats, progress.PageBar)
             for reason in made.not_stored:
                 st.warning(f"Not stored, so not shown below: {reason}")
             runs = stored_grid(widgets.store(), target)

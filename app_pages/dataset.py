@@ -5,6 +5,7 @@ import hashlib
 import pandas as pd
 import streamlit as st
 
+import progress
 import widgets
 from specasr import clipset
 from specasr.audio import AudioError, Clip, load_audio
@@ -83,10 +84,10 @@ def decode(utterances: list[Utterance], settings: Settings, keep_audio: bool) ->
     st.session_state["dataset_running"] = True
     stop = st.empty()
     stop.button("Stop", key="dataset_stop", help="Stops before the next clip; the clips decoded so far stay stored")
-    bar = widgets.PageBar(total=len(utterances), desc="clips", unit="clips")
+    bar = progress.PageBar(total=len(utterances), desc="clips", unit="clips")
     rounds = st.empty()
 
-    def progress(index: int, utterance: Utterance) -> None:
+    def started(index: int, utterance: Utterance) -> None:
         bar.update(index - bar.n)
         bar.set_postfix_str(f"now {utterance.id}")
 
@@ -96,9 +97,9 @@ def decode(utterances: list[Utterance], settings: Settings, keep_audio: bool) ->
             widgets.store(),
             utterances,
             settings,
-            progress,
+            started,
             keep_audio,
-            widgets.RoundProgress(rounds),
+            progress.RoundProgress(rounds),
         )
     except widgets.DECODE_ERRORS as error:
         widgets.report(error)

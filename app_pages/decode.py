@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import streamlit as st
 
+import progress
 import widgets
 from player import drift_player
 from specasr.audio import SAMPLE_RATE
@@ -39,8 +40,8 @@ def run(clip, settings) -> dict | None:
     with st.status("Decoding…", expanded=True) as status:
         status.write("Speculative decode, keeping the draft's attention rows and aligning the transcript")
         try:
-            progress = widgets.RoundProgress(st.empty(), clip, settings)
-            trace, problem = widgets.decode_with_reference(clip, replace(settings, keep_attention=True), progress)
+            rounds = progress.RoundProgress(st.empty(), clip, settings)
+            trace, problem = widgets.decode_with_reference(clip, replace(settings, keep_attention=True), rounds)
             if problem:
                 st.warning(f"{problem}; the other positions are still shown.")
         except widgets.DECODE_ERRORS as error:
@@ -61,7 +62,7 @@ def time_it(clip, settings, repeats: int) -> dict | None:
         arms["speculative"] = replace(settings, reference="always")
     with st.status(f"Timing greedy against speculative: {repeats} warm repetitions each", expanded=True) as status:
         try:
-            table, results = benchmark(widgets.pipeline(), arms, [clip], repeats, widgets.PageBar)
+            table, results = benchmark(widgets.pipeline(), arms, [clip], repeats, progress.PageBar)
         except widgets.DECODE_ERRORS as error:
             widgets.report(error)
             return None

@@ -5,6 +5,7 @@ from dataclasses import replace
 import pandas as pd
 import streamlit as st
 
+import progress
 import widgets
 from specasr.align import AlignmentError
 from specasr.compare import DIFFERENCE, Comparison, compare
@@ -26,7 +27,7 @@ clip = widgets.clip_input("windows", settings.max_seconds)
 def run_windows(clip, settings) -> dict:
     traces, reasons = {}, {}
     with st.status(f"Decoding {clip.id} under every window…", expanded=True) as status:
-        bar = widgets.PageBar(WINDOWS, desc="windows", unit="windows")
+        bar = progress.PageBar(WINDOWS, desc="windows", unit="windows")
         rounds = st.empty()
         for window in bar:
             bar.set_postfix_str(window)
@@ -34,7 +35,7 @@ def run_windows(clip, settings) -> dict:
                 traces[window], reasons[window] = widgets.decode_with_reference(
                     clip,
                     replace(settings, window=window, verify_peaks=False),
-                    widgets.RoundProgress(rounds, clip, settings),
+                    progress.RoundProgress(rounds, clip, settings),
                 )
             except AlignmentError as error:
                 reasons[window] = str(error)

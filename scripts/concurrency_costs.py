@@ -1,4 +1,4 @@
-"""What two sessions decoding at once through one pipeline cost, under the static steps' guard (graphs.StepPool) and
+"""What two sessions decoding at once through one pipeline cost, under the static steps' guard (steppool.StepPool) and
 under its alternative, one lock held for a decode around one set of steps.
 
 Off CUDA the captured steps run eagerly over the same static tensors (as the tests run them): the pipeline is made
@@ -27,6 +27,7 @@ from specasr.audio import Clip
 from specasr.dataset import load_manifest
 from specasr.loops import loop_for
 from specasr.pipeline import Pipeline
+from specasr.steppool import StepPool
 from specasr.trace import Settings
 
 SETTINGS = {
@@ -125,7 +126,7 @@ def main() -> None:
     )
     pipeline = Pipeline()
     for name, settings in SETTINGS.items():
-        guards = {"pool": graphs.StepPool(), "lock": OneSet()}
+        guards = {"pool": StepPool(), "lock": OneSet()}
         first = {}
         for guard, steps in guards.items():
             pipeline._steps = steps
@@ -149,7 +150,7 @@ def main() -> None:
                 f"{len(made)} set(s) of steps, {extra:.1f} MiB beyond the first"
             )
     settings = SETTINGS["speculative"]
-    for guard, steps in {"pool": graphs.StepPool(), "lock": OneSet()}.items():
+    for guard, steps in {"pool": StepPool(), "lock": OneSet()}.items():
         pipeline._steps = steps
         pipeline.decode(clip, settings)
         waits = [behind(pipeline, long, clip, settings) for _ in range(3)]

@@ -7,7 +7,7 @@ reference frames are kept for the next decode.
 
 One pipeline serves many decodes at once (the dashboard shares one between its sessions, each in a thread of its own):
 each model and reference is made once, by the first decode that asks for it while the others asking wait for it, and
-the loops' static steps are lent to one decode at a time (graphs.StepPool).
+the loops' static steps are lent to one decode at a time (steppool.StepPool).
 """
 
 import threading
@@ -30,6 +30,7 @@ from specasr.peers import Peer, load_peer
 from specasr.profiling import pass_costs
 from specasr.records import Decoded, Origin
 from specasr.reference import ClipReference, align_tokens, check_reference_length, read_reference_file
+from specasr.steppool import StepPool
 from specasr.store import Store, StoreError
 from specasr.targets import DTYPES, Target, load_target
 from specasr.trace import REFERENCE_SOURCES, Round, Segment, Settings, SettingsError, Trace, code_version
@@ -52,7 +53,7 @@ class Pipeline:
         self._peers: dict[tuple, Peer] = {}
         self._references: dict[tuple, ClipReference] = {}
         self._reference_cache_failed = False
-        self._steps = graphs.StepPool()  # the loops' static steps (captured, compiled), kept across segments and clips
+        self._steps = StepPool()  # the loops' static steps (captured, compiled), kept across segments and clips
         self._making: dict[tuple, threading.Lock] = {}  # one per thing made, held while it is made
         self._lock = threading.Lock()
 

@@ -13,6 +13,7 @@ from specasr import graphs
 from specasr import pipeline as pipeline_module
 from specasr.loops import loop_for
 from specasr.pipeline import Pipeline
+from specasr.steppool import StepPool
 from specasr.store import Store
 from specasr.trace import Settings
 from tests.test_store import speculative_trace
@@ -98,7 +99,7 @@ def test_static_steps_are_never_shared_by_decodes_running_together(pipeline, job
 
 
 def test_a_decode_alone_reuses_one_set_of_steps_and_one_beside_it_gets_its_own():
-    pool, key, first, second = graphs.StepPool(), ("round", 1), object(), object()
+    pool, key, first, second = StepPool(), ("round", 1), object(), object()
     with pool.lend() as alone:
         assert key not in alone
         alone[key] = first

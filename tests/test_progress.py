@@ -10,9 +10,9 @@ def test_a_page_bar_shows_work_done_time_taken_and_what_it_decodes():
     def script():
         import streamlit as st
 
-        import widgets
+        import progress
 
-        bar = widgets.PageBar(total=4, desc="timed", unit="decodes")
+        bar = progress.PageBar(total=4, desc="timed", unit="decodes")
         bar.update(3)
         bar.set_postfix_str("clip, greedy: 10 tokens")
         st.session_state["open"] = bar  # still running when the page is read
@@ -27,9 +27,9 @@ def test_a_page_bar_shows_work_done_time_taken_and_what_it_decodes():
 
 def test_a_finished_bar_leaves_the_page():
     def script():
-        import widgets
+        import progress
 
-        for _ in widgets.PageBar(range(3), desc="windows", unit="windows"):
+        for _ in progress.PageBar(range(3), desc="windows", unit="windows"):
             pass
 
     app = AppTest.from_function(script).run()
@@ -40,11 +40,11 @@ def test_round_progress_names_the_window_and_its_seconds_and_the_time_left(sampl
     def script():
         import streamlit as st
 
-        import widgets
+        import progress
         from specasr.audio import Clip
         from specasr.trace import Round, Settings
 
-        report = widgets.RoundProgress(st.empty(), Clip("long", st.session_state["audio"]), Settings())
+        report = progress.RoundProgress(st.empty(), Clip("long", st.session_state["audio"]), Settings())
         report(Round(0, 0, 0, [1, 2], 2, 3, 0.0, 0.0, 2))
         report(Round(7, 1, 40, [1, 2], 1, 3, 0.0, 0.0, 2))
 
@@ -62,10 +62,10 @@ def test_round_progress_without_a_clip_counts_rounds_and_tokens():
     def script():
         import streamlit as st
 
-        import widgets
+        import progress
         from specasr.trace import Round
 
-        widgets.RoundProgress(st.empty())(Round(2, 0, 9, [1, 2, 3], 3, 3, 0.0, 0.0, 3))
+        progress.RoundProgress(st.empty())(Round(2, 0, 9, [1, 2, 3], 3, 3, 0.0, 0.0, 3))
 
     app = AppTest.from_function(script).run()
     assert app.markdown[-1].value == "round 3: 3 of 3 proposals accepted · 13 tokens so far"
