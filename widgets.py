@@ -269,12 +269,11 @@ def follow(clip: Clip | None, source: str, name: str | None = None) -> None:
 def follow_stored(trace: Trace, run_id: str) -> Clip | None:
     """Follow a stored run's clip, from its audio in the store or its file; returns it, None where neither holds it."""
     audio, source = _audio_and_source(trace)
-    clip = (
-        None
-        if audio is None
-        else Clip(trace.clip_id, audio, trace.reference_text, trace.dataset, path=trace.audio_path or "")
-    )
-    follow(clip, source or f"run {run_id}, whose audio is neither stored nor in its file", trace.clip_id)
+    if audio is None:
+        follow(None, f"run {run_id}, whose audio is neither stored nor in its file", trace.clip_id)
+        return None
+    clip = Clip(trace.clip_id, audio, trace.reference_text, trace.dataset, path=trace.audio_path or "")
+    follow(clip, source)
     return clip
 
 
@@ -291,7 +290,7 @@ def clip_input(key: str, max_seconds: float = DEFAULT_MAX_SECONDS) -> Clip | Non
         sources,
         horizontal=True,
         key=f"{key}_source",
-        format_func=lambda s: f"{current.name}" if s == FOLLOWED else s,
+        format_func=lambda s: current.name if s == FOLLOWED else s,
     )
     try:
         if source == FOLLOWED:
