@@ -5,11 +5,14 @@ The greedy baseline runs once per clip and repetition and serves every cell; a s
 cells, the A/A check (`report.aa_check`); one more greedy pass per clip records every target layer's verification
 attention peak (Table 7), untimed. The baseline, the cells and the copy are decoded clip by clip in turn (the order
 rotating from clip to clip), repetitions interleaved, so that a drift of the machine's speed falls on every cell
-alike, and written together as one batch of runs when all clips are done. Running the same grid again reuses a batch
+alike. They form one batch of runs, stored clip by clip: each clip's decodes of every run in one transaction as soon
+as the clip is done, so that a grid stopped half way (Ctrl-C, a crash, a lost machine) keeps every finished clip, and
+running the same command again decodes only the clips its batch lacks. Running the same grid again reuses a batch
 the store holds; a grid that adds a cell decodes the baseline, its copy and every cell again, since timings compare
 only within a batch. A batch the store refuses still makes its tables, from the decodes held in memory.
 """
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import PurePath
 
@@ -17,7 +20,7 @@ from tqdm import tqdm
 
 from specasr.audio import Clip
 from specasr.pipeline import Pipeline
-from specasr.store import DecodedRun, Store, StoreError
+from specasr.store import ClipBatch, DecodedRun, Store, StoreError
 from specasr.trace import Settings, Trace
 
 COMMAND = "experiment"
@@ -26,6 +29,10 @@ PROTOCOL = (
     "loop's survivors (matched rounds: python -m specasr matched)"
 )
 REPEATS = 5  # timing repetitions: fewer leave the speed intervals little run-to-run noise to resample
+
+
+class GridInterrupted(KeyboardInterrupt):
+    """Ctrl-C while a grid decodes; its message says what the store kept and how to resume."""
 
 
 @dataclass(frozen=True)
@@ -104,9 +111,9 @@ def run_grid(
 ) -> GridRuns:
     """Decode every clip under the baseline, every cell and the baseline's second copy (`repeats` times each) and the
     peaks pass (once), unless the store holds them: the timed runs all from one batch, the untimed peaks pass from
-    any. What it decodes it stores as one batch; where the store refuses it (StoreError), the decodes are kept all
-    the same, their runs without ids and the reason in `not_stored`. progress: the bar class that reports the decodes
-    (tqdm's interface)."""
+    any. What it decodes it stores as one batch, clip by clip, completing the batch an interrupted run left; where the
+    store refuses it (StoreError), the decodes are kept all the same, their runs without ids and the reason in
+    `not_stored`. Ctrl-C is a GridInterrupted. progress: the bar class that reports the decodes (tqdm's interface)."""
     cells = {settings: pipeline.resolved(settings) for settings in grid.cells()}
     baseline, peaks = pipeline.resolved(grid.baseline()), pipeline.resolved(grid.peaks())
     timed = [baseline, *dict.fromkeys(cells.values()), baseline]  # the copy last, away from the baseline
@@ -116,10 +123,14 @@ def run_grid(
     decodes = {i: store.traces(run_id) for i, run_id in enumerate(ids) if run_id is not None}  # the reused runs'
     slots = [(settings, 1 if i == len(timed) else repeats) for i, settings in enumerate([*timed, peaks])]
     fresh = [i for i in range(len(slots)) if i not in decodes]
-    decoded = _decode_interleaved(pipeline, [slots[i] for i in fresh], clips, progress) if fresh else []
-    written, not_stored = _store(store, decoded, _described(fresh, len(timed)))
-    for i, run_id, (traces, _) in zip(fresh, written, decoded, strict=True):
-        ids[i], decodes[i] = run_id, traces
+    not_stored = []
+    if fresh:
+        batch = _resumable(held, [slots[i] for i in fresh], clips)
+        written, decoded, not_stored = _complete(
+            pipeline, store, batch, [slots[i] for i in fresh], clips, progress, _described(fresh, len(timed))
+        )
+        for i, run_id, traces in zip(fresh, written, decoded, strict=True):
+            ids[i], decodes[i] = run_id, traces
     by_settings = dict(zip(timed[1:-1], range(1, len(timed) - 1), strict=True))
     by_cell = {asked: by_settings[settings] for asked, settings in cells.items()}
     copy, peaks_pass = len(timed) - 1, len(timed)
@@ -135,15 +146,48 @@ def run_grid(
     )
 
 
-def _store(store: Store, runs: list[tuple[list[Trace], list[int]]], what: str) -> tuple[list[str | None], list[str]]:
-    """The decoded runs stored as one batch: their ids; where the store refuses them, none, and why."""
-    if not runs:
-        return [], []
+@dataclass(frozen=True)
+class Resumed:
+    """The batch a grid's fresh runs go to, one id per run, and the clips it holds of every one (none where new)."""
+
+    into: ClipBatch
+    stored: frozenset[str]  # clip hashes
+
+
+def _complete(
+    pipeline: Pipeline,
+    store: Store,
+    batch: Resumed,
+    slots: list[tuple[Settings, int]],
+    clips: list[Clip],
+    progress: type[tqdm],
+    what: str,
+) -> tuple[list[str | None], list[list[Trace]], list[str]]:
+    """Decode the clips the batch lacks, storing each clip's decodes of every slot as the clip is done. Returns each
+    slot's run id (None unless the batch holds every clip), its traces over all clips in their order (the stored
+    ones read back), and why the store refused them where it did."""
+    by_clip = {clip.hash: [[] for _ in slots] for clip in clips}
+    for slot, run_id in enumerate(batch.into.run_ids if batch.stored else ()):
+        for trace in store.traces(run_id):
+            by_clip[trace.clip_hash][slot].append(trace)
+    stored, refused = set(batch.stored), None
     try:
-        return store.write_runs(runs, COMMAND), []
-    except StoreError as error:
-        reason = " ".join(str(error).split())
-        return [None] * len(runs), [f"{len(runs)} runs of the grid ({what}) not stored: {reason}"]
+        for clip, traces in _decode_interleaved(pipeline, slots, clips, batch.stored, progress):
+            by_clip[clip.hash] = traces
+            if refused is None:
+                try:
+                    store.write_runs([(t, list(range(len(t)))) for t in traces], COMMAND, into=batch.into)
+                    stored.add(clip.hash)
+                except StoreError as error:
+                    refused = " ".join(str(error).split())
+    except KeyboardInterrupt:
+        kept = f"{len(stored)} of {len(by_clip)} clips stored in batch {batch.into.batch}"
+        raise GridInterrupted(f"{kept}; run the same command again to decode the rest") from None
+    traces = [[t for clip in by_clip.values() for t in clip[slot]] for slot in range(len(slots))]
+    if refused is None:
+        return list(batch.into.run_ids), traces, []
+    held = f"stored for {len(stored)} of {len(by_clip)} clips" if stored else "not stored"
+    return [None] * len(slots), traces, [f"{len(slots)} runs of the grid ({what}) {held}: {refused}"]
 
 
 def _described(fresh: list[int], timed: int) -> str:
@@ -162,7 +206,7 @@ def grid_traces(store: Store, runs: GridRuns) -> GridTraces:
 
 
 def _decodes(clips: list[Clip], repeats: int) -> frozenset[tuple[str, int]]:
-    return frozenset((clip.hash, repeat) for clip in clips for repeat in range(repeats))
+    return _repeated(frozenset(clip.hash for clip in clips), repeats)
 
 
 def _latest(held: list[DecodedRun], settings: Settings, decoded: frozenset) -> str | None:
@@ -180,19 +224,40 @@ def _held_batch(held: list[DecodedRun], timed: list[Settings], decoded: frozense
     for runs in reversed(batches.values()):
         found = _take(runs, timed)
         if found is not None:
-            return found
+            return [run.run_id for run in found]
     return None
 
 
-def _take(runs: list[DecodedRun], timed: list[Settings]) -> list[str] | None:
-    """A distinct run of `runs` for each of `timed`, the earliest first; None where one is missing."""
+def _resumable(held: list[DecodedRun], slots: list[tuple[Settings, int]], clips: list[Clip]) -> Resumed:
+    """The latest batch stored clip by clip for these clips that holds a run of each slot (of settings listed twice,
+    two), every one over the same clips with all their repetitions: the batch an interrupted grid left, to complete;
+    else a new one."""
+    wanted = {clip.hash for clip in clips}
+    batches: dict[str, list[DecodedRun]] = {}
+    for run in held:
+        if run.batch_clips == len(wanted) and _clips(run) <= wanted:
+            batches.setdefault(run.batch, []).append(run)
+    for batch, runs in reversed(batches.items()):
+        found = _take(runs, [settings for settings, _ in slots])
+        stored = frozenset(_clips(found[0])) if found else frozenset()
+        if found and all(run.decoded == _repeated(stored, n) for run, (_, n) in zip(found, slots, strict=True)):
+            return Resumed(ClipBatch(batch, tuple(run.run_id for run in found), len(wanted)), stored)
+    return Resumed(ClipBatch.new(len(slots), len(wanted)), frozenset())
+
+
+def _repeated(clip_hashes: frozenset[str], repeats: int) -> frozenset[tuple[str, int]]:
+    return frozenset((clip_hash, repeat) for clip_hash in clip_hashes for repeat in range(repeats))
+
+
+def _take(runs: list[DecodedRun], wanted: list[Settings]) -> list[DecodedRun] | None:
+    """A distinct run of `runs` for each of `wanted`, the earliest first; None where one is missing."""
     left, found = list(runs), []
-    for settings in timed:
+    for settings in wanted:
         run = next((run for run in left if run.settings == settings), None)
         if run is None:
             return None
         left.remove(run)
-        found.append(run.run_id)
+        found.append(run)
     return found
 
 
@@ -222,24 +287,31 @@ def _clips(run: DecodedRun) -> set[str]:
 
 
 def _decode_interleaved(
-    pipeline: Pipeline, slots: list[tuple[Settings, int]], clips: list[Clip], progress: type[tqdm]
-) -> list[tuple[list[Trace], list[int]]]:
-    """Every slot's decodes (its settings, so many repetitions), clip by clip, repetitions interleaved. Returns a run
-    per slot, in their order, as the store takes them: its traces and their repetition numbers."""
+    pipeline: Pipeline,
+    slots: list[tuple[Settings, int]],
+    clips: list[Clip],
+    stored: frozenset[str],
+    progress: type[tqdm],
+) -> Iterator[tuple[Clip, list[list[Trace]]]]:
+    """Every slot's decodes (its settings, so many repetitions) of the clips not `stored`, clip by clip, repetitions
+    interleaved: yields each clip with each slot's decodes of it, in repetition order."""
+    left = [(i, clip) for i, clip in enumerate(clips) if clip.hash not in stored]
+    if not left:
+        return
     for settings in progress(dict.fromkeys(settings for settings, _ in slots), desc="warm-up", unit="cells"):
-        pipeline.decode(clips[0], settings)  # warm-up, not kept: the first decode of a cell loads and allocates
-    traces: list[list[Trace]] = [[] for _ in slots]
+        pipeline.decode(left[0][1], settings)  # warm-up, not kept: the first decode of a cell loads and allocates
     order = list(range(len(slots)))
-    with progress(total=sum(repeats for _, repeats in slots) * len(clips), desc="timed", unit="decodes") as bar:
-        for i, clip in enumerate(clips):
+    with progress(total=sum(repeats for _, repeats in slots) * len(left), desc="timed", unit="decodes") as bar:
+        for i, clip in left:  # the turn rotates with the clip's place in the grid, resumed or not
             turn = order[i % len(order) :] + order[: i % len(order)]
+            traces: list[list[Trace]] = [[] for _ in slots]
             for repeat in range(max(repeats for _, repeats in slots)):
                 for slot in (j for j in turn if repeat < slots[j][1]):
                     settings = slots[slot][0]
                     traces[slot].append(pipeline.decode(clip, settings))
                     bar.set_postfix_str(f"{clip.id}, {cell_name(settings)}: {traces[slot][-1].brief}", refresh=False)
                     bar.update()
-    return [(runs, [r for _ in clips for r in range(n)]) for runs, (_, n) in zip(traces, slots, strict=True)]
+            yield clip, traces
 
 
 def cell_name(settings: Settings) -> str:

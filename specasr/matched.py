@@ -25,6 +25,7 @@ from specasr.decode import read, runtime_layer
 from specasr.draft import Draft, DraftCache, DraftOutput
 from specasr.experiments import draft_label
 from specasr.intervals import Interval, pooled_bootstrap
+from specasr.kept_rollouts import KeptRollouts
 from specasr.metrics import odds_ratio, outcome_counts
 from specasr.pipeline import Pipeline
 from specasr.pooled import DRAWS, LARGE_ERROR_MS, METRICS, SEED, Weighting, survival
@@ -338,20 +339,36 @@ def run_matched(
     starts: str = "loop",
 ) -> list[Condition]:
     """Every draft under every window from the same round starts, clip by clip, but for the clips the weighting
-    leaves out."""
-    target = pipeline.target(settings)
-    found = {(d, w): [] for d in drafts for w in windows}
-    for clip in tqdm([c for c in clips if weights.groups[c.hash] is not None], desc="matched rounds", unit="clip"):
-        view = read_clip(pipeline, settings, clip, weights.sets[clip.hash])
-        for name in drafts:
-            cell = replace(settings, draft=name)
-            draft = pipeline.draft(cell)
-            first = round_starts(pipeline, cell, clip, view, starts)
-            for window in windows:
-                rollouts = roll_out(target, draft, view, replace(cell, window=window), first, weights.groups[clip.hash])
-                found[name, window].append(rollouts)
+    leaves out. Each clip's rollouts are kept in the pipeline's store as it is done, and read from there where the
+    store holds them (`kept_rollouts`); Ctrl-C is a MatchedInterrupted."""
+    cells = {(d, w): replace(settings, draft=d, window=w) for d in drafts for w in windows}
+    kept = KeptRollouts(pipeline.store, {cell: pipeline.resolved(s) for cell, s in cells.items()}, starts)
+    found = {cell: [] for cell in cells}
+    chosen = [c for c in clips if weights.groups[c.hash] is not None]
+    try:
+        for clip in tqdm(chosen, desc="matched rounds", unit="clip"):
+            arrays = kept.get(clip.hash)
+            if arrays is None:
+                arrays = _roll_out_clip(pipeline, settings, cells, clip, weights.sets[clip.hash], starts)
+                kept.put(clip.hash, arrays)
+            for cell, columns in arrays.items():
+                found[cell].append(Rollouts(clip.hash, weights.groups[clip.hash], **columns))
+    except KeyboardInterrupt:
+        raise kept.interrupted([c.hash for c in chosen]) from None
     tree_shape = settings.tree_width, settings.nodes
     return [Condition(draft_label(d), w, *tree_shape, r, weights.resample_sets) for (d, w), r in found.items()]
+
+
+def _roll_out_clip(
+    pipeline: Pipeline, settings: Settings, cells: dict, clip: Clip, subset: str, starts: str
+) -> dict[tuple[str, str], dict]:
+    """Every cell's rollouts of one clip from the round starts of its draft, as the store keeps them: all but the
+    clip and its set."""
+    target, view = pipeline.target(settings), read_clip(pipeline, settings, clip, subset)
+    drafts = dict.fromkeys(d for d, _ in cells)
+    rounds = {d: round_starts(pipeline, replace(settings, draft=d), clip, view, starts) for d in drafts}
+    found = {(d, w): roll_out(target, pipeline.draft(cell), view, cell, rounds[d]) for (d, w), cell in cells.items()}
+    return {cell: {n: v for n, v in asdict(r).items() if n not in ("clip_hash", "group")} for cell, r in found.items()}
 
 
 def depth_table(conditions: list[Condition]) -> pd.DataFrame:
@@ -477,24 +494,3 @@ def _errors_at(rollouts: list[Rollouts], depth: int) -> tuple[np.ndarray, np.nda
         errors.append(np.abs(r.draft_peaks - r.reference)[known, depth - 1])
         outcomes.append(r.accepted[known, depth - 1])
     return np.concatenate(errors), np.concatenate(outcomes)
-
-
-@dataclass
-class MatchedTables:
-    protocol: str
-    summary: pd.DataFrame
-    depths: pd.DataFrame  # Table 12, top
-    contrasts: pd.DataFrame
-    outcomes: pd.DataFrame  # Table 12, bottom
-    restarts: pd.DataFrame
-
-
-def matched_tables(conditions: list[Condition], starts: str) -> MatchedTables:
-    return MatchedTables(
-        protocol=PROTOCOL.format(starts=STARTS[starts]),
-        summary=summary_table(conditions),
-        depths=depth_table(conditions),
-        contrasts=contrast_table(conditions),
-        outcomes=outcome_table(conditions),
-        restarts=restart_table(conditions),
-    )

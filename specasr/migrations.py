@@ -160,6 +160,17 @@ MIGRATIONS: list[list[str]] = [
         *CHAIN_NODES,
     ],
     ["""ALTER TABLE runs ADD COLUMN compile BOOLEAN DEFAULT false"""],  # whether torch.compile compiled the steps
+    [  # grids stored clip by clip: how many clips a run's batch holds when complete (NULL: it was written whole);
+        # matched rounds' rollouts, kept per clip and condition so that an interrupted command resumes
+        """ALTER TABLE runs ADD COLUMN batch_clips INTEGER""",
+        """CREATE TABLE rollouts (
+            clip_hash VARCHAR NOT NULL,
+            condition VARCHAR NOT NULL,  -- what was rolled out: settings and round starts, as JSON
+            arrays BLOB NOT NULL,  -- the clip's rollouts under it, as .npz
+            created TIMESTAMP NOT NULL,  -- UTC
+            PRIMARY KEY (clip_hash, condition)
+        )""",
+    ],
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -6,6 +6,8 @@ run per arm). Runs decoded side by side, interleaved clip by clip, are written a
 within a batch. DuckDB lets one process at a time open a file, so every operation opens a short-lived connection and
 waits while another process holds the file. A run (or a batch) is written in one transaction: a write that fails or
 is killed leaves no rows, and its failure is a StoreError of one line (busy, read-only, full disk), never DuckDB's.
+A long batch is written clip by clip (`ClipBatch`), each clip's decodes of all its runs in one transaction, so that
+a batch stopped half way keeps every clip written and can be completed later.
 """
 
 import io
@@ -94,6 +96,26 @@ class DecodedRun:
     batch: str | None  # shared by the runs decoded beside it; None in runs stored before batches were kept
     settings: Settings
     decoded: frozenset[tuple[str, int]]
+    batch_clips: int | None = None  # the clips its batch holds when complete, where written clip by clip
+
+
+@dataclass(frozen=True)
+class ClipBatch:
+    """Where `write_runs` puts one clip's decodes of runs stored clip by clip: their batch, their ids (a run the store
+    holds gets the decodes after its own) and how many clips the batch holds when complete."""
+
+    batch: str
+    run_ids: tuple[str, ...]
+    clips: int
+
+    @classmethod
+    def new(cls, runs: int, clips: int) -> "ClipBatch":
+        """Fresh ids for a batch of `runs` runs over `clips` clips (0: written whole)."""
+        return cls(_new_id(), tuple(_new_id() for _ in range(runs)), clips)
+
+
+def _new_id() -> str:
+    return uuid.uuid4().hex[:12]
 
 
 def is_duckdb_file(path: Path) -> bool:
@@ -217,6 +239,8 @@ class Store:
                 con.commit()
             except DUCKDB_WRITE_FAILURES as error:
                 raise write_error(self.path, error) from error
+            except duckdb.InterruptException as error:  # Ctrl-C inside DuckDB: nothing was committed
+                raise KeyboardInterrupt from error
 
     def _known_runs(self, con: duckdb.DuckDBPyConnection, run_ids: Sequence[str]) -> list[str]:
         """The run ids as a list; UnknownRunError naming any this store lacks."""
@@ -247,22 +271,34 @@ class Store:
         runs: Sequence[tuple[list[Trace], list[int] | None]],
         command: str,
         audio: Mapping[str, np.ndarray] | None = None,
+        into: ClipBatch | None = None,
     ) -> list[str]:
         """Store runs decoded side by side as one batch, in one transaction: each run's traces and repeat numbers,
-        as `write_run` takes them, and the waveforms in `audio`. Returns the run ids in order."""
-        batch = uuid.uuid4().hex[:12]
-        run_ids = [uuid.uuid4().hex[:12] for _ in runs]
+        as `write_run` takes them, and the waveforms in `audio`; `into`: add them to a batch stored clip by clip
+        instead of a new one. Returns the run ids in order."""
+        into = into or ClipBatch.new(len(runs), 0)
         frames = [  # built before taking the file
-            run_frames(run_id, traces, command, repeats, batch)
-            for run_id, (traces, repeats) in zip(run_ids, runs, strict=True)
+            run_frames(run_id, traces, command, repeats, into.batch)
+            for run_id, (traces, repeats) in zip(into.run_ids, runs, strict=True)
         ]
         sounds = [(clip_hash, flac(waveform)) for clip_hash, waveform in (audio or {}).items()]
         sounds = pd.DataFrame(sounds, columns=["clip_hash", "flac"])
         with self.transaction() as con:
             for run in frames:
+                if into.clips:
+                    run = self._extending(con, run, into.clips)
                 self._insert_run(con, run)
             self._insert_run(con, {"clip_audio": sounds})
-        return run_ids
+        return list(into.run_ids)
+
+    def _extending(self, con: duckdb.DuckDBPyConnection, run: dict[str, pd.DataFrame], clips: int) -> dict:
+        """A run's rows as they join a batch stored clip by clip: new, or numbered after the decodes it holds."""
+        run_id = run["runs"].run_id.iloc[0]
+        [(held,)] = con.execute("SELECT count(*) FROM decodes WHERE run_id = ?", [run_id]).fetchall()
+        if not held:
+            return run | {"runs": run["runs"].assign(batch_clips=clips)}
+        later = {table: frame.assign(decode=frame.decode + held) for table, frame in run.items() if "decode" in frame}
+        return {table: frame for table, frame in run.items() if table != "runs"} | later
 
     def label_run(self, run_id: str, name: str, note: str) -> None:
         """Give a run a name (shown with it everywhere) and a note."""
@@ -353,13 +389,13 @@ class Store:
         settings = _columns(SETTINGS_COLUMNS)
         with self._connect() as con:
             rows = con.execute(
-                f"SELECT run_id, batch, list((clip_hash, repeat)), {settings} FROM runs JOIN decodes USING (run_id) "
-                f"WHERE command = ? GROUP BY ALL ORDER BY min(created), run_id",
+                f"SELECT run_id, batch, batch_clips, list((clip_hash, repeat)), {settings} FROM runs "
+                f"JOIN decodes USING (run_id) WHERE command = ? GROUP BY ALL ORDER BY min(created), run_id",
                 [command],
             ).fetchall()
         return [
-            DecodedRun(run_id, batch, Settings(*values), frozenset(tuple(pair) for pair in clips))
-            for run_id, batch, clips, *values in rows
+            DecodedRun(run_id, batch, Settings(*values), frozenset(tuple(pair) for pair in clips), batch_clips)
+            for run_id, batch, batch_clips, clips, *values in rows
         ]
 
     # Deleting
@@ -387,6 +423,21 @@ class Store:
         """Remove every orphan row, in one transaction; returns how many went, per table."""
         with self.transaction() as con:
             return _remove_orphans(con)
+
+    # Matched rounds' rollouts, kept clip by clip
+
+    def rollouts(self, conditions: Sequence[str]) -> dict[tuple[str, str], bytes]:
+        """The rollouts stored under these conditions: (clip hash, condition) -> their arrays."""
+        with self._connect() as con:
+            query = "SELECT clip_hash, condition, arrays FROM rollouts WHERE list_contains(?, condition)"
+            rows = con.execute(query, [list(conditions)]).fetchall()
+        return {(clip_hash, condition): arrays for clip_hash, condition, arrays in rows}
+
+    def save_rollouts(self, clip_hash: str, arrays: Mapping[str, bytes]) -> None:
+        """Keep one clip's rollouts (condition -> their arrays) in one transaction, replacing any stored."""
+        rows = [(clip_hash, condition, data, utc_now()) for condition, data in arrays.items()]
+        with self.transaction() as con:
+            con.executemany("INSERT OR REPLACE INTO rollouts VALUES (?, ?, ?, ?)", rows)
 
     # The reference-frame cache
 

@@ -53,10 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command: status 0; 1 where its result is out but a copy of it was not kept (output.py) or, for runs
-    doctor, orphans were found; 2 for a user error, told in one line."""
+    doctor, orphans were found; 2 for a user error, told in one line; 130 for Ctrl-C, told in one line (for a grid:
+    what the store kept and how to resume)."""
     args = build_parser().parse_args(argv)
     try:
         return args.run(args) or 0
+    except KeyboardInterrupt as error:
+        print(f"interrupted: {error}" if str(error) else "interrupted", file=sys.stderr)
+        return 130
     except USER_ERRORS as error:
         remedy = "; raise it with --max-seconds, or split the clip" if isinstance(error, AudioTooLongError) else ""
         print(f"error: {error}{remedy}", file=sys.stderr)

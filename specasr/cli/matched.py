@@ -3,6 +3,7 @@
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 
 import pandas as pd
 
@@ -21,10 +22,42 @@ from specasr.cli.options import (
     settings,
 )
 from specasr.cli.output import RunStore, json_value, records
-from specasr.matched import AGGREGATION, STARTS, matched_tables, run_matched
+from specasr.matched import (
+    AGGREGATION,
+    PROTOCOL,
+    STARTS,
+    Condition,
+    contrast_table,
+    depth_table,
+    outcome_table,
+    restart_table,
+    run_matched,
+    summary_table,
+)
 from specasr.pipeline import Pipeline
 from specasr.trace import MOST_K
 from specasr.windows import WINDOWS
+
+
+@dataclass
+class MatchedTables:
+    protocol: str
+    summary: pd.DataFrame
+    depths: pd.DataFrame  # Table 12, top
+    contrasts: pd.DataFrame
+    outcomes: pd.DataFrame  # Table 12, bottom
+    restarts: pd.DataFrame
+
+
+def matched_tables(conditions: list[Condition], starts: str) -> MatchedTables:
+    return MatchedTables(
+        protocol=PROTOCOL.format(starts=STARTS[starts]),
+        summary=summary_table(conditions),
+        depths=depth_table(conditions),
+        contrasts=contrast_table(conditions),
+        outcomes=outcome_table(conditions),
+        restarts=restart_table(conditions),
+    )
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -51,7 +84,7 @@ def run(args: argparse.Namespace) -> None:
     names = drafts(args)
     cells = [settings(args, names[0], window=window) for window in args.window]  # every window checked before work
     clips, sets = evaluation_clips(args)
-    cache = RunStore(args.db)  # the reference-frame cache; the command stores no runs
+    cache = RunStore(args.db)  # reference frames and each clip's rollouts as it is done; the command stores no runs
     conditions = run_matched(Pipeline(cache.store), cells[0], names, list(args.window), clips, sets, args.starts)
     if cache.failure is not None:
         print(f"warning: reference frames not cached in {cache.path}: {cache.failure}", file=sys.stderr)
