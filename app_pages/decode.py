@@ -208,7 +208,7 @@ st.caption(
     "the round); crosses: rejected proposals; blue dots: where the target's verification attended at the chosen layer; "
     "diamonds: the forced-alignment time; grey bars: the draft's attention window where one applied."
 )
-with st.expander("Draft attention heatmap"):
+with st.expander("Draft attention heatmap", key="heatmap_open"):  # kept open when another window is picked
     try:
         st.plotly_chart(attention_heatmap(trace, pieces, segment), key="heatmap")
     except ValueError as error:
