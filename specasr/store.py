@@ -29,9 +29,10 @@ import soundfile
 
 from specasr.cache import cache_dir
 from specasr.migrations import SCHEMA_VERSION, migrate, schema_version
+from specasr.overview import RUN_FILTERS, overview
 from specasr.reference import ClipReference
 from specasr.rows import LEVELS, SETTINGS_COLUMNS, Level, flac, run_frames, traces_from_rows, utc_now
-from specasr.trace import Settings, Timings, Trace
+from specasr.trace import Settings, Trace
 from specasr.words import WordTime
 
 RETRY_SECONDS = 0.05
@@ -136,7 +137,6 @@ def default_db_path() -> Path:
 RUN_TABLES = ("runs", "clips", "decodes", "segments", "rounds", "draft_steps", "verified_tokens", "clip_audio")
 SHARED_TABLES = ("clips", "clip_audio")  # rows keyed by clip hash, shared by every run that decoded the clip
 LEVEL_TABLES = ("segments", "rounds", "draft_steps", "verified_tokens")  # rows keyed by run and decode
-TIMING_COLUMNS = [f"{f.name}_seconds" for f in fields(Timings)]
 REFERENCE_KEY = ("clip_hash", "target", "device", "dtype", "aligner")
 
 # Rows `runs` can neither show nor delete, table by table, in the order that removes them in one pass: decodes whose
@@ -378,11 +378,11 @@ class Store:
         wanted |= dict(clip_hash=clip_hash)
         chosen = {name: value for name, value in wanted.items() if value is not None}
         chosen |= {name: value for name, value in dict(batch=batch, run_ids=run_ids).items() if value is not None}
-        where = " AND ".join(_RUN_FILTERS[name] for name in chosen) or "TRUE"
+        where = " AND ".join(RUN_FILTERS[name] for name in chosen) or "TRUE"
         with self._connect() as con:
             if run_ids is not None:
                 chosen["run_ids"] = self._known_runs(con, run_ids)
-            return _overview(con, where, chosen)
+            return overview(con, where, chosen)
 
     def decoded(self, command: str) -> list[DecodedRun]:
         """Every run of `command`, oldest first."""
@@ -486,51 +486,3 @@ _DECODE_ROWS = """
     FROM decodes d JOIN clips c USING (clip_hash) JOIN runs r USING (run_id)
     WHERE d.run_id = ? ORDER BY d.decode
 """
-
-_RUN_FILTERS = {
-    "target": "target = $target",
-    "draft": "(draft = $draft OR starts_with(draft_name, $draft))",
-    "window": '"window" = $window',
-    "k": "k = $k",
-    "dataset": "run_id IN (SELECT run_id FROM decodes JOIN clips USING (clip_hash) WHERE dataset = $dataset)",
-    "since": "created >= CAST($since AS TIMESTAMP)",
-    "until": "created <= CAST($until AS TIMESTAMP)",
-    "batch": "batch = $batch",
-    "clip_hash": "run_id IN (SELECT run_id FROM decodes WHERE clip_hash = $clip_hash)",
-    "run_ids": "list_contains($run_ids, run_id)",
-}
-
-# A run without decodes (left by an import before imports were checked) is listed too, so that it can be deleted.
-_RUN_OVERVIEW = f"""
-    SELECT runs.*, coalesce(d.draft_name, runs.draft, 'none') AS draft_name, coalesce(d.clips, 0) AS clips,
-           d.first_clip, coalesce(d.decodes, 0) AS decodes, coalesce(r.rounds, 0) AS rounds,
-           coalesce(s.draft_steps, 0) AS draft_steps, coalesce(d.tokens, 0) AS tokens, d.median_wer,
-           {", ".join(f"coalesce(d.{c}, 0) AS {c}" for c in TIMING_COLUMNS)}
-    FROM runs
-    LEFT JOIN (
-        SELECT run_id, any_value(draft_name) AS draft_name, count(DISTINCT clip_hash) AS clips, count(*) AS decodes,
-               arg_min(clip_id, decode) AS first_clip,
-               sum(len(tokens)) AS tokens, median(wer) AS median_wer,
-               {", ".join(f"sum({c}) AS {c}" for c in TIMING_COLUMNS)}
-        FROM decodes GROUP BY run_id
-    ) d USING (run_id)
-    LEFT JOIN (SELECT run_id, count(*) AS rounds FROM rounds GROUP BY run_id) r USING (run_id)
-    LEFT JOIN (SELECT run_id, count(*) AS draft_steps FROM draft_steps GROUP BY run_id) s USING (run_id)
-"""
-
-
-def _overview(con: duckdb.DuckDBPyConnection, where: str, params: dict) -> pd.DataFrame:
-    """_RUN_OVERVIEW's rows that match, newest first, with each run's phase seconds summed into its total."""
-    frame = con.execute(f"SELECT * FROM ({_RUN_OVERVIEW}) WHERE {where} ORDER BY created DESC, run_id", params).df()
-    frame["seconds"] = [Timings(*phases).total for phases in frame[TIMING_COLUMNS].itertuples(index=False)]
-    frame["label"] = [run_label(row) for row in frame.itertuples(index=False)]
-    return frame.drop(columns=TIMING_COLUMNS)
-
-
-def run_label(run) -> str:
-    """A run as people name it: its name where it has one, else its clip (or clip count) and settings."""
-    if run.name:
-        return run.name
-    clips = run.first_clip if run.clips == 1 else f"{run.clips} clips"
-    arm = "greedy" if run.draft_name == "none" else f"{run.draft_name.split('@')[0]} {run.window} K={run.k}"
-    return f"{clips}: {arm} ({run.command})"

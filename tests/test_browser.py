@@ -148,28 +148,44 @@ def test_a_user_decodes_a_clip_and_visits_every_page(server, sample_clips):
         browser.close()
 
 
-def test_a_70_second_clip_is_drawn_on_its_own_time_axis(server, tmp_path):
-    """The heatmap of a clip decoded in three 30 s windows puts each window's attention at its place in the clip."""
-    clip = tmp_path / "seventy-seconds.wav"
-    soundfile.write(clip, long_clip(70.0), SAMPLE_RATE)
+def test_a_77_second_clips_plots_show_one_window_at_a_time_and_fit_the_screen(server, tmp_path):
+    """A clip decoded in several 30 s windows: the drift plot and the heatmap show the window picked, at its place on
+    the clip's time axis, each figure within one screen's height with its times at its top."""
+    clip = tmp_path / "seventy-seven.wav"
+    soundfile.write(clip, long_clip(77.0), SAMPLE_RATE)
     with playwright.sync_playwright() as p:
-        browser, page = open_browser(p, height=2400, timeout_ms=600_000)
+        browser, page = open_browser(p, height=1600, timeout_ms=600_000)
         page.goto(f"{server}/?draft=whisper-tiny.en/control&k=3")
         page.get_by_text("upload", exact=True).click()
         page.set_input_files("input[type=file]", str(clip))
-        page.get_by_text("seventy-seconds.wav").wait_for()
+        page.get_by_text("seventy-seven.wav").wait_for()
         page.get_by_role("button", name="Run", exact=True).click()
         page.get_by_text("L (accepted per round)").wait_for()
         settle(page)
+        drift = page.frame_locator("iframe").first.locator(".js-plotly-plot")
+        drift.wait_for()
+        window = drift.evaluate(
+            "plot => [plot._fullLayout.height, plot._fullLayout.xaxis.side, plot.layout.xaxis.range]"
+        )
+        assert window[0] <= 1400 and window[1] == "top" and window[2][0] == pytest.approx(0.0)
         page.get_by_text("Draft attention heatmap").click()
+        heatmap = page.locator("[data-testid=stExpander] .js-plotly-plot").first
+        heatmap.wait_for()
+        assert heatmap.evaluate("plot => plot._fullLayout.height") <= 1400
+        page.screenshot(path=str(screenshots() / "long-clip-window-1.png"), full_page=True)
+
+        page.get_by_label(re.compile("^30 s window")).click()  # the picker, open on the first window
+        page.get_by_role("option").last.click()  # the clip's last window
+        settle(page)
         heatmap = page.locator("[data-testid=stExpander] .js-plotly-plot").first
         heatmap.wait_for()
         # as plotly.js drew them (plot.data can hold the arrays still encoded)
         starts = heatmap.evaluate("plot => plot._fullData.filter(t => t.type === 'heatmap').map(t => t.x[0])")
         cuts = heatmap.evaluate("plot => plot._fullLayout.shapes.map(s => s.x0)")
-        assert len(starts) == 3 and starts[0] == pytest.approx(0.0)
-        assert starts[1:] == pytest.approx(cuts, abs=1e-6) and 20 < cuts[0] < 30 < cuts[1] < 60  # cut at quiet points
-        heatmap.screenshot(path=str(screenshots() / "long-heatmap.png"))
+        shown = heatmap.evaluate("plot => plot._fullLayout.xaxis.range")
+        assert len(starts) == 1 and len(cuts) >= 2 and starts[0] == pytest.approx(cuts[-1], abs=1e-6)
+        assert 20 < cuts[0] < 30 < cuts[1] < 60 and shown[0] == pytest.approx(cuts[-1]) and shown[1] <= 77.1
+        page.screenshot(path=str(screenshots() / "long-clip-last-window.png"), full_page=True)
         browser.close()
 
 
