@@ -21,7 +21,7 @@ from specasr.migrations import SCHEMA_VERSION, migrate
 from specasr.pipeline import Pipeline
 from specasr.pooled import weighting
 from specasr.report import tables
-from specasr.store import Store
+from specasr.store import Store, StoreError
 from specasr.trace import Settings
 
 GRID = Grid(Settings(target="whisper-tiny.en"), ("random",), ("unrestricted",), (2, 3))
@@ -123,7 +123,7 @@ def test_interrupted_matched_rounds_keep_their_finished_clips_and_resume_to_the_
     assert matched(idle, clips) == expected and idle.decoded == []
 
 
-COMMAND = ["experiment", "--clips", "3", "--repeats", "1", "--draft", "random", "--draft-dtype", "float16", "--k", "2"]
+COMMAND = ["experiment", "--clips", "5", "--repeats", "1", "--draft", "random", "--draft-dtype", "float16", "--k", "2"]
 
 
 def start_experiment(db: Path) -> subprocess.Popen:
@@ -135,7 +135,11 @@ def stored_clips(db: Path, process: subprocess.Popen) -> int:
     """Wait until the store holds the grid's first clip (every run of it), then say how many clips it holds."""
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and process.poll() is None:
-        if db.is_file() and len(runs := Store(db).runs()):
+        try:
+            runs = Store(db, timeout=1).runs() if db.is_file() else []
+        except StoreError:  # the experiment is writing: look again
+            runs = []
+        if len(runs):
             return int(runs.decodes.min())
         time.sleep(0.2)
     raise AssertionError(f"the experiment stored nothing: {process.communicate()[1][-2000:]}")
@@ -151,7 +155,7 @@ def test_ctrl_c_half_way_exits_130_with_one_line_and_the_rerun_completes_the_bat
     (line,) = [line for line in err.splitlines() if "interrupted" in line]
     kept = Store(db).runs()
     assert line == (
-        f"interrupted: {kept.decodes.min()} of 3 clips stored in batch {kept.batch[0]}; run the same command again "
+        f"interrupted: {kept.decodes.min()} of 5 clips stored in batch {kept.batch[0]}; run the same command again "
         "to decode the rest"
     )
     assert_rerun_completes(db, kept)
@@ -174,5 +178,5 @@ def assert_rerun_completes(db: Path, kept) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     record = json.loads(done.stdout)
     history = Store(db).runs()
-    assert sorted(history.run_id) == sorted(kept.run_id) and (history.decodes == 3).all()
-    assert record["baseline_run"] in set(kept.run_id) and record["cells"][0]["clips"] == 3
+    assert sorted(history.run_id) == sorted(kept.run_id) and (history.decodes == 5).all()
+    assert record["baseline_run"] in set(kept.run_id) and record["cells"][0]["clips"] == 5
