@@ -22,7 +22,7 @@ from specasr.audio import (
     load_audio,
 )
 from specasr.cache import cache_dir
-from specasr.dataset import load_manifest, spread
+from specasr.dataset import clips_by_set, load_manifest, spread
 from specasr.draft import DraftMismatchError, shipped_drafts
 from specasr.pipeline import Pipeline
 from specasr.pooled import Weighting, weighting
@@ -30,6 +30,7 @@ from specasr.store import Store, StoreError
 from specasr.targets import BUILTIN_TARGETS, DTYPES, TargetUnavailableError
 from specasr.trace import MOST_TREE_WIDTH, Round, Settings, SettingsError, Trace, candidate_count, default_nodes
 from specasr.tts import synthesize_espeak
+from specasr.views import cut_seconds
 from specasr.windows import REFERENCE_WINDOWS, WINDOWS
 
 DECODE_ERRORS = (
@@ -331,9 +332,8 @@ def _followed_clip(current: Followed) -> Clip | None:
 
 def evaluation_clips(count: int) -> tuple[list[Clip], Weighting]:
     """`count` clips spread over the evaluation set, and how its sets weigh them (as the command line's --clips)."""
-    utterances = spread(load_manifest(), count)
-    clips = [u.clip() for u in utterances]
-    return clips, weighting({c.hash: u.subset for c, u in zip(clips, utterances, strict=True)})
+    clips, sets = clips_by_set(spread(load_manifest(), count))
+    return clips, weighting(sets)
 
 
 def decode_with_reference(
@@ -355,7 +355,7 @@ def window_picker(trace: Trace, key: str) -> int | None:
     whole)."""
     if len(trace.segments) < 2:
         return None
-    bounds = [segment.start_frame * trace.frame_seconds for segment in trace.segments] + [trace.clip_seconds]
+    bounds = [0.0, *cut_seconds(trace), trace.clip_seconds]
     count = len(trace.segments)
     return select(
         st,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from specasr.dataset import DEFAULT_SPEECH_DIR, load_manifest, spread
+from specasr.dataset import DEFAULT_SPEECH_DIR, clips_by_set, load_manifest, spread
 from specasr.matched import contrast_table, depth_table, run_matched, summary_table
 from specasr.pipeline import Pipeline
 from specasr.pooled import weighting
@@ -38,9 +38,8 @@ def main() -> None:
 
     names = [f"{i}-{v}-s{s}" for s in range(args.seeds) for i in INITS for v in VARIANTS]
     folders = [str(args.drafts / name) for name in names] + [str(args.drafts / f"{name}-init") for name in names]
-    utterances = spread(load_manifest(DEFAULT_SPEECH_DIR), args.clips)
-    clips = [u.clip() for u in utterances]
-    sets = weighting({clip.hash: u.subset for clip, u in zip(clips, utterances, strict=True)})
+    clips, by_set = clips_by_set(spread(load_manifest(DEFAULT_SPEECH_DIR), args.clips))
+    sets = weighting(by_set)
     settings = Settings(target="whisper-tiny.en", k=4)
     conditions = run_matched(Pipeline(Store()), settings, folders, WINDOWS, clips, sets, starts="all")
 

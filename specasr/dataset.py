@@ -71,6 +71,14 @@ def spread(utterances: list[Utterance], count: int) -> list[Utterance]:
     return [utterances[i * n // count] for i in range(count)] if count < n else list(utterances)
 
 
+def clips_by_set(
+    utterances: list[Utterance], max_seconds: float = DEFAULT_MAX_SECONDS
+) -> tuple[list[Clip], dict[str, str]]:
+    """The utterances' clips, and each clip's evaluation set by its hash (what pooled.weighting weighs)."""
+    clips = [u.clip(max_seconds) for u in utterances]
+    return clips, {clip.hash: u.subset for clip, u in zip(clips, utterances, strict=True)}
+
+
 def heldout_ids() -> frozenset[str]:
     """The clips of train-speech-2 that drafts never train on, kept to choose training settings: 20 speechocean762
     clips of 20 speakers, 20 VCTK clips of 4 speakers and the 7 ARCTIC clips."""

@@ -19,6 +19,8 @@ ACCEPTED, REJECTED, VERIFIED, ALIGNED, WINDOW = "#2ca02c", "#d62728", "#1f77b4",
 # The draft tree's target token (orange, as the transcript marks the target's own tokens), edges and token labels.
 TARGET_TOKEN, EDGE, LABEL = "#e67e22", "#bbbbbb", "#222222"
 ALIGNMENT_MARK = "#ff2e88"  # seen on every colour of Viridis and on the empty plot around a window
+DRIFT_TOKEN_SHARE = 0.82  # of the drift plot's height, the tokens' row
+LABEL_PX, MOST_HEIGHT, FRAME_PX = 18, 1400, 200  # a tick label's room; the tallest figure; margins, axes and legend
 
 
 def token_rows(trace: Trace, pieces: list[str]) -> pd.DataFrame:
@@ -190,7 +192,9 @@ def drift_figure(
     peak at `layer`, and the forced-alignment frame; the waveform above on the same axis, which shows its times
     above the waveform too. segment: show that 30 s window's tokens and time only (a long clip's whole drift plot is
     too tall to read)."""
-    figure = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.18, 0.82], vertical_spacing=0.03)
+    figure = make_subplots(
+        rows=2, cols=1, shared_xaxes=True, row_heights=[1 - DRIFT_TOKEN_SHARE, DRIFT_TOKEN_SHARE], vertical_spacing=0.03
+    )
     if audio is not None and len(audio):
         frames = max(1, len(audio) // int(rate * trace.frame_seconds))
         envelope = np.abs(audio[: frames * (len(audio) // frames)]).reshape(frames, -1).max(axis=1)
@@ -296,10 +300,6 @@ def drift_figure(
     mark_cuts(figure, trace)
     figure.update_layout(height=height, legend=ON_TOP, margin={"t": 110})  # room for the legend and the times
     return figure
-
-
-DRIFT_TOKEN_SHARE = 0.82  # of the drift plot's height, the tokens' row
-LABEL_PX, MOST_HEIGHT, FRAME_PX = 18, 1400, 200  # a tick label's room; the tallest figure; margins, axes and legend
 
 
 def _token_span(trace: Trace, count: int, segment: int | None) -> tuple[int, int]:

@@ -10,7 +10,14 @@ import torch
 
 from specasr.align import ALIGNERS
 from specasr.audio import DEFAULT_MAX_SECONDS, Clip, load_clip
-from specasr.dataset import DEFAULT_SPEECH_DIR, TRAIN_SPEECH_2_DIR, load_utterances, manifest_file, spread
+from specasr.dataset import (
+    DEFAULT_SPEECH_DIR,
+    TRAIN_SPEECH_2_DIR,
+    clips_by_set,
+    load_utterances,
+    manifest_file,
+    spread,
+)
 from specasr.draft import shipped_drafts
 from specasr.intervals import AA_TOLERANCE
 from specasr.pooled import MIN_SET_CLIPS, Weighting, weighting
@@ -361,7 +368,5 @@ def clip(path: str, args: argparse.Namespace) -> Clip:
 
 def evaluation_clips(args: argparse.Namespace) -> tuple[list[Clip], Weighting]:
     """--clips clips spread over --data, and how their evaluation sets are weighted."""
-    utterances = spread(load_utterances(args.data), args.clips)
-    clips = [u.clip(args.max_seconds) for u in utterances]
-    sets = {clip.hash: u.subset for clip, u in zip(clips, utterances, strict=True)}
+    clips, sets = clips_by_set(spread(load_utterances(args.data), args.clips), args.max_seconds)
     return clips, weighting(sets, args.min_set_clips, resample_sets=not args.condition_on_sets)
