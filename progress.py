@@ -5,6 +5,7 @@ import io
 import time
 
 import streamlit as st
+from streamlit.runtime.scriptrunner import get_script_run_ctx
 from tqdm import tqdm
 
 from specasr.audio import SAMPLE_RATE, Clip, split_windows
@@ -40,6 +41,11 @@ class RoundProgress:
         self.placeholder.write(line)
 
 
+def on_page() -> bool:
+    """Whether this thread runs a page's script: tqdm closes a bar it collects, maybe after the page's run ended."""
+    return get_script_run_ctx(suppress_warning=True) is not None
+
+
 class PageBar(tqdm):
     """The command line's progress bar (tqdm) drawn on the page: work done, time taken and, once tqdm has a pace,
     the time left."""
@@ -52,6 +58,8 @@ class PageBar(tqdm):
         super().__init__(*args, mininterval=0, bar_format=meter, file=io.StringIO(), **kwargs)
 
     def display(self, msg: str | None = None, pos: int | None = None) -> bool:
+        if not on_page():
+            return False
         done = self.n / self.total if self.total else 0.0
         self._bar.progress(min(done, 1.0), text=self.format_meter(**self.format_dict))
         return True
@@ -59,5 +67,5 @@ class PageBar(tqdm):
     def close(self) -> None:
         closing = not self.disable  # tqdm closes again when collected
         super().close()
-        if closing:
+        if closing and on_page():
             self._bar.empty()  # the finished work's result says the rest

@@ -69,3 +69,21 @@ def test_round_progress_without_a_clip_counts_rounds_and_tokens():
 
     app = AppTest.from_function(script).run()
     assert app.markdown[-1].value == "round 3: 3 of 3 proposals accepted · 13 tokens so far"
+
+
+def test_a_bar_closed_after_its_page_ran_closes_without_drawing():
+    """tqdm closes a bar when it is collected, which may be after the page's script run: nothing to draw on then."""
+
+    def script():
+        import streamlit as st
+
+        import progress
+
+        bar = progress.PageBar(total=3, desc="timed", unit="decodes")
+        bar.update(1)
+        st.session_state["open"] = bar
+
+    app = AppTest.from_function(script).run()
+    bar = app.session_state["open"]
+    bar.close()
+    assert not app.exception and bar.disable
