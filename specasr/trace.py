@@ -15,8 +15,12 @@ from pathlib import Path
 import pandas as pd
 
 from specasr import __version__
-from specasr.windows import REFERENCE_WINDOWS, WINDOWS
 
+# The draft's attention windows (specasr.windows centres them); named here, with the settings, so that naming one
+# needs no torch
+WINDOWS = ("unrestricted", "correct", "shift", "random", "pointer", "runtime", "runtime-last")
+REFERENCE_WINDOWS = ("correct", "shift", "pointer")  # the ones centred from reference frames
+RUNTIME_WINDOWS = ("runtime", "runtime-last")  # the ones centred from verification attention
 REFERENCE_SOURCES = ("auto", "always", "never")  # or the path of a JSON file of frames
 DECODERS = ("specasr", "faster-whisper", "transformers", "transformers-assisted")  # ours, then specasr.peers' peers
 

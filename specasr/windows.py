@@ -9,9 +9,9 @@ ablation, holds it still, so its centre lags the words further at every depth.
 import torch
 from torch import Tensor
 
-WINDOWS = ("unrestricted", "correct", "shift", "random", "pointer", "runtime", "runtime-last")
-REFERENCE_WINDOWS = ("correct", "shift", "pointer")  # the ones centred from reference frames
-RUNTIME_WINDOWS = ("runtime", "runtime-last")  # the ones centred from verification attention
+from specasr.trace import REFERENCE_WINDOWS, WINDOWS
+from specasr.trace import RUNTIME_WINDOWS as RUNTIME_WINDOWS  # the loops import their window names from here
+
 TABLE_WINDOWS = ("correct", "shift", "random")  # a centre per transcript token, known before decoding
 PACE_TOKENS = 8  # recent verified tokens whose peaks set the runtime window's frames per token
 SHIFT_SECONDS = 0.5

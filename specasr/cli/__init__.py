@@ -5,8 +5,7 @@ in output.py."""
 import argparse
 import sys
 
-from specasr.align import AlignerUnavailableError, AlignmentError
-from specasr.audio import AudioError, AudioTooLongError
+from specasr.audio import AudioTooLongError
 from specasr.cli import (
     align,
     bench,
@@ -22,25 +21,10 @@ from specasr.cli import (
     transcribe,
 )
 from specasr.cli.options import UsageError
-from specasr.draft import DraftMismatchError
-from specasr.store import StoreError
-from specasr.targets import TargetUnavailableError
-from specasr.trace import SettingsError
+from specasr.errors import USER_ERRORS
 
 DESCRIPTION = "transcribe, decode, align, eval, bench, profile, precision, experiment, matched, runs, train, drafts"
 COMMANDS = (transcribe, evaluate, decode, align, runs, experiment, matched, train, drafts, profile, precision, bench)
-
-USER_ERRORS = (
-    AudioError,
-    TargetUnavailableError,
-    DraftMismatchError,
-    AlignmentError,
-    AlignerUnavailableError,
-    FileNotFoundError,
-    SettingsError,
-    StoreError,
-    UsageError,
-)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as error:
         print(f"interrupted: {error}" if str(error) else "interrupted", file=sys.stderr)
         return 130
-    except USER_ERRORS as error:
+    except (*USER_ERRORS, UsageError) as error:
         remedy = "; raise it with --max-seconds, or split the clip" if isinstance(error, AudioTooLongError) else ""
         print(f"error: {error}{remedy}", file=sys.stderr)
         return 2
