@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from specasr.align import Aligner
 from specasr.trace import SettingsError
 from specasr.words import WordTime, alphanumerics, char_times_from_words, normalize_for_alignment
 
 if TYPE_CHECKING:
+    from specasr.align import Aligner
     from specasr.targets import Target
 
 
@@ -49,7 +49,7 @@ class TokenAlignment:
     frames: list[int | None]
 
 
-def align_tokens(aligner: Aligner, target: "Target", audio: np.ndarray, tokens: list[int]) -> TokenAlignment:
+def align_tokens(aligner: "Aligner", target: "Target", audio: np.ndarray, tokens: list[int]) -> TokenAlignment:
     """Force-align a target's transcript tokens to the audio and map them onto its encoder frames; tokens that hold
     no word (punctuation only, or none) get no frames."""
     text = target.decode_text(tokens)

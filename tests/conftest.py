@@ -24,6 +24,7 @@ from transformers import (
 from specasr.dataset import DEFAULT_SPEECH_DIR, Utterance, load_manifest
 from specasr.loops import loop_for
 from specasr.pipeline import Pipeline
+from specasr.store import Store
 from specasr.targets import PrefixTarget, Qwen3ASRTarget, VoxtralTarget, WhisperTarget
 from specasr.targets.builtin import builtin_model_dir
 from specasr.trace import Settings
@@ -178,3 +179,9 @@ def run_loop(target, draft, memory, valid_frames, settings, reference=None, capt
     """One segment through the loop `settings` decode with (`loops.loop_for`): stepped from the host, or as the
     captured steps CUDA replays, run eagerly here. kept: where captured steps are kept between segments."""
     return loop_for(target, draft, replace(settings, graphs=captured), kept)(memory, valid_frames, reference=reference)
+
+
+@pytest.fixture
+def store(tmp_path) -> Store:
+    """An empty run store of the test's own."""
+    return Store(tmp_path / "runs.duckdb")

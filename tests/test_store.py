@@ -2,7 +2,6 @@ import os
 import subprocess
 import sys
 from dataclasses import fields, replace
-from datetime import datetime
 from pathlib import Path
 
 import duckdb
@@ -10,11 +9,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from specasr.metrics import run_summary, stored_anchor_error_by_depth, survival
-from specasr.migrations import SCHEMA_VERSION, migrate
 from specasr.reference import ClipReference
 from specasr.rows import run_frames
 from specasr.store import RUN_TABLES, SHARED_TABLES, Store, StoreBusyError, StoreError, StoreWriteError, default_db_path
+from specasr.stored_metrics import run_summary
 from specasr.trace import CodeVersion, DraftStep, Round, Segment, Settings, Timings, Trace, VerifiedToken
 from specasr.transfer import export_runs, import_runs
 from specasr.words import WordTime
@@ -97,83 +95,6 @@ def row_counts(path: Path, run_id: str) -> dict[str, int]:
             for table in RUN_TABLES
             if table not in SHARED_TABLES
         }
-
-
-@pytest.fixture
-def store(tmp_path) -> Store:
-    return Store(tmp_path / "runs.duckdb")
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Queries against hand-computed numbers
-
-
-@pytest.fixture
-def hand_runs(store):
-    """A speculative run of one trace (accepted 3, 1, 0, 2 of K = 3; one step without a reference) and a greedy run."""
-    trace = speculative_trace("c1", [3, 1, 0, 2])
-    trace.steps[-1] = replace(trace.steps[-1], reference_frame=None)
-    return store.write_run([trace], "decode"), store.write_run([greedy_trace()], "decode")
-
-
-def test_survival_pools_the_rounds_of_each_speculative_run(store, hand_runs):
-    speculative, greedy = hand_runs
-    table = survival(store, [speculative, greedy])
-    assert table.run_id.tolist() == [speculative] * 4  # a greedy run has no rounds to score
-    assert table.depth.tolist() == [0, 1, 2, 3]
-    assert table.s.tolist() == [1.0, 0.75, 0.5, 0.25]
-    assert table.conditional.tolist()[1:] == pytest.approx([0.75, 2 / 3, 0.5])
-    assert pd.isna(table.conditional[0])
-
-
-def test_anchor_error_by_depth_skips_steps_without_a_reference(store, hand_runs):
-    speculative, greedy = hand_runs
-    table = stored_anchor_error_by_depth(store, [speculative, greedy])
-    # Errors are depth * round: depth 1 -> 0 1 2 3, depth 2 -> 0 2 4 6, depth 3 -> 0 3 6 (round 3 has no reference).
-    assert table.run_id.tolist() == [speculative] * 3
-    assert table.depth.tolist() == [1, 2, 3]
-    assert table.n.tolist() == [4, 4, 3]
-    assert table["median"].tolist() == [1.5, 3.0, 3.0]
-    assert table["mean"].tolist() == [1.5, 3.0, 3.0]
-    assert table.p90.tolist() == pytest.approx([2.7, 5.4, 5.4])
-
-
-def test_run_summary_counts_rows_and_scores_acceptance(store, hand_runs):
-    speculative, greedy = hand_runs
-    summary = run_summary(store, [speculative, greedy]).set_index("run_id")
-    first = summary.loc[speculative]
-    assert (first.draft_name, first.window, first.k) == ("tiny-draft@abcd", "unrestricted", 3)
-    assert (first.clips, first.decodes, first.rounds, first.draft_steps, first.tokens) == (1, 1, 4, 12, 9)
-    assert (first.a1, first.L) == (0.75, 1.5)
-    assert first.a2c == pytest.approx(2 / 3)
-    assert first.seconds == 1.375  # features + encoder + decode; the reference pass is not the decode's time
-    assert first.median_wer == 0.25
-    second = summary.loc[greedy]
-    assert (second.draft_name, second.rounds, second.draft_steps, second.tokens) == ("none", 0, 0, 3)
-    assert second.seconds == 1.0
-    assert pd.isna(second.a1) and pd.isna(second.a2c) and pd.isna(second.L)
-    assert pd.isna(second.median_wer)  # no reference text
-
-
-def test_runs_lists_history_newest_first_and_filters(store, hand_runs):
-    speculative, greedy = hand_runs
-    history = store.runs()
-    assert history.run_id.tolist() == [greedy, speculative]
-    assert history.command.tolist() == ["decode", "decode"]
-    assert set(history.columns) >= {"created", "draft_name", "clips", "decodes", "rounds", "draft_steps", "git_commit"}
-    assert history.set_index("run_id").loc[speculative, "runtime_layer"] == 2
-    assert store.runs(draft="tiny").run_id.tolist() == [speculative]
-    assert store.runs(draft="tiny-draft").run_id.tolist() == [speculative]
-    assert store.runs(draft="none").run_id.tolist() == [greedy]
-    assert store.runs(k=3, window="unrestricted").run_id.tolist() == [speculative]
-    assert store.runs(dataset="other").run_id.tolist() == [greedy]
-    assert store.runs(target="whisper-base").empty
-    assert len(store.runs(since=datetime(2000, 1, 1), until="2999-01-01")) == 2
-    assert store.runs(until=datetime(2000, 1, 1)).empty
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Round trips
 
 
 def test_traces_come_back_equal(store):
@@ -332,120 +253,6 @@ def test_concurrent_writers_lose_no_run(store):
     assert (history.decodes == 1).all() and (history.rounds == 4).all() and (history.draft_steps == 12).all()
     for run_id in history.run_id:
         assert store.traces(run_id) == [trace]
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Files from other versions, other programs, or none
-
-
-SCHEMA_2_ON = ["decoder", "frame_seconds", "batch", "assistant", "graphs"]
-SCHEMA_9 = {"decodes": ["token_texts", "target_runtime_layer"], "draft_steps": ["text"], "clips": ["audio_path"]}
-SCHEMA_10 = {
-    "runs": ["tree_width", "tree_nodes"],
-    "rounds": ["drafted"],
-    "draft_steps": ["node", "parent", "probability"],
-}
-SCHEMA_11 = {"runs": ["compile"]}
-
-
-def before_schema(version: int, frames: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
-    """A run's rows without the columns schema `version` (9, 10 or 11) and later added."""
-    later = [columns for start, columns in ((9, SCHEMA_9), (10, SCHEMA_10), (11, SCHEMA_11)) if start >= version]
-    return {
-        table: frame.drop(columns=[c for cs in later for c in cs.get(table, [])]) for table, frame in frames.items()
-    }
-
-
-def stored_before_trees(trace: Trace) -> Trace:
-    """A chain's trace as a store written before draft trees gives it back: the same nodes, no probabilities, and
-    steps that were not compiled."""
-    settings = replace(trace.settings, tree_nodes=trace.settings.k, compile=False)
-    return replace(trace, settings=settings, steps=[replace(step, probability=None) for step in trace.steps])
-
-
-def test_an_older_schema_is_migrated_on_open(tmp_path):
-    path = tmp_path / "old.duckdb"
-    old = replace(speculative_trace("c1", [2, 0]), segments=[])  # schema 1 has no segments table
-    with duckdb.connect(str(path)) as con:
-        migrate(con, 0, target=1)
-        for table, frame in run_frames("oldrun", [old], "decode", None).items():
-            if table != "segments":
-                new_columns = [*SCHEMA_2_ON, "runtime_peaks"]  # nor later ones
-                frame = before_schema(9, {table: frame})[table]
-                con.register("frame", frame.drop(columns=new_columns, errors="ignore"))
-                con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM frame")
-    store = Store(path)
-    with duckdb.connect(str(path)) as con:
-        assert con.execute("SELECT * FROM schema_version").fetchall() == [("specasr", SCHEMA_VERSION)]
-        tables = {t for (t,) in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
-    assert {"segments", "reference_frames"} <= tables
-    assert store.runs().run_id.tolist() == ["oldrun"]
-    # Its frames are read as 20 ms ones (only Whisper existed then), and a CPU run replayed no graphs.
-    assert store.traces("oldrun") == [stored_before_trees(replace(old, settings=replace(old.settings, graphs=False)))]
-    assert [run.batch for run in store.decoded("decode")] == [None]
-
-
-def schema_7_frames(run_id: str, trace: Trace, window: str) -> dict[str, pd.DataFrame]:
-    """A run's rows as schema 7 kept them: stored under `window`, an old window name, and without runtime peaks."""
-    frames = run_frames(run_id, [trace], "decode", None)
-    frames["runs"]["window"] = window
-    frames["decodes"] = frames["decodes"].drop(columns="runtime_peaks")
-    return before_schema(9, frames)
-
-
-# The windows' old names, and the traces they come back as: runtime-paced's rule is runtime's now, and the old
-# runtime (the last verified peak, at every depth) is runtime-last.
-OLD_WINDOWS = {"runtime": "runtime-last", "runtime-paced": "runtime", "unrestricted": "unrestricted"}
-
-
-def renamed_traces() -> dict[str, Trace]:
-    return {
-        old: speculative_trace(f"c{i}", [2, 0], replace(SPECULATIVE, window=new))
-        for i, (old, new) in enumerate(OLD_WINDOWS.items())
-    }
-
-
-def test_runs_stored_under_the_old_runtime_windows_keep_their_rule(tmp_path):
-    path = tmp_path / "old.duckdb"
-    traces = renamed_traces()
-    with duckdb.connect(str(path)) as con:
-        migrate(con, 0, target=7)
-        for old, trace in traces.items():
-            for table, frame in schema_7_frames(old, trace, old).items():
-                con.register("frame", frame)
-                con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM frame")
-    store = Store(path)
-    expected = {old: [stored_before_trees(trace)] for old, trace in traces.items()}
-    assert {old: store.traces(old) for old in OLD_WINDOWS} == expected
-    assert sorted(store.runs().window) == sorted(OLD_WINDOWS.values())
-
-
-def test_a_newer_schema_is_refused(store):
-    with duckdb.connect(str(store.path)) as con:
-        con.execute("UPDATE schema_version SET version = version + 1")
-    message = f"newer specasr \\(schema {SCHEMA_VERSION + 1}, this one reads up to {SCHEMA_VERSION}\\)"
-    with pytest.raises(StoreError, match=message):
-        Store(store.path)
-
-
-def test_a_foreign_duckdb_file_is_refused(tmp_path):
-    path = tmp_path / "other.duckdb"
-    with duckdb.connect(str(path)) as con:
-        con.execute("CREATE TABLE inventory (item VARCHAR)")
-    with pytest.raises(StoreError, match="is not a specasr run store"):
-        Store(path)
-
-
-def test_a_file_that_is_not_a_database_is_refused_and_left_untouched(tmp_path):
-    path = tmp_path / "notes.duckdb"
-    content = b"these are my notes, not a database\n" * 200
-    path.write_bytes(content)
-    refusal = r"notes\.duckdb is not a run store: it is not a DuckDB database; give"
-    with pytest.raises(StoreError, match=refusal) as refused:
-        Store(path)
-    assert "IO Error" not in str(refused.value)  # the store's own words, never DuckDB's
-    assert path.read_bytes() == content
-    assert list(tmp_path.iterdir()) == [path]
 
 
 def test_a_trace_keeps_what_renders_it_without_a_model(store, tmp_path):

@@ -10,17 +10,13 @@ import duckdb
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_store import greedy_trace, renamed_traces, schema_7_frames, speculative_trace, stored_before_trees
+from test_store import greedy_trace, speculative_trace
+from test_store_schema import renamed_traces, schema_7_frames, stored_before_trees
 
 from specasr import transfer
 from specasr.migrations import SCHEMA_VERSION
 from specasr.store import RUN_TABLES, Store, StoreError
 from specasr.transfer import MANIFEST, export_runs, import_runs
-
-
-@pytest.fixture
-def store(tmp_path) -> Store:
-    return Store(tmp_path / "runs.duckdb")
 
 
 def table_rows(store: Store) -> dict[str, list]:

@@ -13,9 +13,9 @@ import torch
 from specasr import tree
 from specasr.decode import LoopOptions, _SpeculativeLoop, greedy_tokens
 from specasr.draft import random_draft
-from specasr.metrics import spine_rows
 from specasr.records import Origin
 from specasr.store import Store
+from specasr.stored_metrics import spine_rows
 from specasr.targets.head import VocabularyHead
 from specasr.trace import DraftStep, Segment, Settings, Trace, spine
 from specasr.transfer import export_runs, import_runs

@@ -7,8 +7,8 @@ from datetime import datetime
 from pathlib import Path
 
 from specasr.cli.options import UsageError, add_store_options, number
-from specasr.metrics import run_summary
 from specasr.store import Store
+from specasr.stored_metrics import run_summary
 from specasr.transfer import export_runs, import_runs
 from specasr.windows import WINDOWS
 
