@@ -24,6 +24,9 @@ SILENCE_PEAK = 1e-4  # about 3 LSB of 16-bit PCM, so dither and DC noise still c
 FLOAT_PEAK_LIMIT = 10.0  # 20 dB over full scale: beyond any float file's headroom, so the samples are scaled wrongly
 CUT_SEARCH_SECONDS = 5.0  # a long clip is cut at the quietest point within this much before each window's end
 QUIET_SMOOTHING = 5  # frames of energy averaged when looking for the quietest point
+# No cut leaves less than this after it: Whisper reads a last window of trailing silence as "you" and mishears a last
+# word heard alone (scripts/segment_losses.py). Under CUT_SEARCH_SECONDS, so that some of the search is left.
+MIN_LAST_WINDOW_SECONDS = 2.0
 
 
 @dataclass(frozen=True, eq=False)
@@ -51,16 +54,18 @@ def split_windows(audio: np.ndarray, window: int, step: int) -> list[tuple[int, 
     """(start, end) sample ranges of consecutive windows of at most `window` samples covering the clip.
 
     Each cut falls on a multiple of `step` samples (one encoder frame, so frames stay whole) at the quietest
-    point within the last CUT_SEARCH_SECONDS before the window would end.
+    point within the last CUT_SEARCH_SECONDS before the window would end, and never within the clip's last
+    MIN_LAST_WINDOW_SECONDS.
     """
     n_samples = len(audio)
     energy = np.square(audio[: n_samples // step * step].reshape(-1, step)).mean(axis=1)
     quiet = np.convolve(energy, np.ones(QUIET_SMOOTHING) / QUIET_SMOOTHING, mode="same")
     search = int(CUT_SEARCH_SECONDS * SAMPLE_RATE) // step
+    shortest_last = int(MIN_LAST_WINDOW_SECONDS * SAMPLE_RATE)
     windows, start = [], 0
     while n_samples - start > window:
-        last = (start + window) // step  # the last frame boundary inside the window
-        first = max(last - search, start // step + 1)
+        first = max((start + window) // step - search, start // step + 1)
+        last = min(start + window, n_samples - shortest_last) // step  # the last frame boundary the cut may take
         cut = (first + int(np.argmin(quiet[first:last]))) * step
         windows.append((start, cut))
         start = cut
