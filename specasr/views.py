@@ -196,90 +196,15 @@ def drift_figure(
         rows=2, cols=1, shared_xaxes=True, row_heights=[1 - DRIFT_TOKEN_SHARE, DRIFT_TOKEN_SHARE], vertical_spacing=0.03
     )
     if audio is not None and len(audio):
-        frames = max(1, len(audio) // int(rate * trace.frame_seconds))
-        envelope = np.abs(audio[: frames * (len(audio) // frames)]).reshape(frames, -1).max(axis=1)
-        times = np.arange(frames) * (len(audio) / rate / frames)
-        figure.add_scatter(
-            x=times, y=envelope, fill="tozeroy", mode="lines", name="waveform", line={"color": "#999"}, row=1, col=1
-        )
+        _add_waveform(figure, audio, rate, trace.frame_seconds)
     label = {i: f"{i}: {p.strip() or repr(p)}" for i, p in enumerate(pieces)}
-    start = {r.index: r.start for r in trace.rounds}
-    steps = [s for s in trace.spine if s.round in start]
-    windowed = [s for s in steps if s.window_centre is not None]
-    half_width = trace.settings.half_width_ms / 1000
-    if windowed:
-        xs, ys = [], []
-        for s in windowed:
-            centre = s.window_centre * trace.frame_seconds
-            xs += [centre - half_width, centre + half_width, None]
-            ys += [start[s.round] + s.depth - 1] * 2 + [None]
-        figure.add_scatter(
-            x=xs,
-            y=ys,
-            mode="lines",
-            name="draft window",
-            line={"color": WINDOW, "width": 8},
-            hoverinfo="skip",
-            row=2,
-            col=1,
-        )
     verification = {v.position: v.verify_peaks[layer] for v in trace.verified if layer < len(v.verify_peaks)}
-    for accepted, name, colour, symbol in ((True, "accepted", ACCEPTED, "circle"), (False, "rejected", REJECTED, "x")):
-        chosen = [s for s in steps if s.accepted == accepted and s.draft_peak is not None]
-        positions = [start[s.round] + s.depth - 1 for s in chosen]
-        figure.add_scatter(
-            x=[s.draft_peak * trace.frame_seconds for s in chosen],
-            y=positions,
-            mode="markers",
-            name=f"draft peak, proposal {name}",
-            marker={"color": colour, "symbol": symbol, "size": [6 + 3 * s.depth for s in chosen]},
-            customdata=[
-                [
-                    label.get(p, p),
-                    s.round,
-                    s.depth,
-                    _ms(s.draft_peak, trace.frame_seconds),
-                    _ms(verification.get(p), trace.frame_seconds),
-                    _ms(s.reference_frame, trace.frame_seconds),
-                    _ms(s.window_centre, trace.frame_seconds),
-                ]
-                for p, s in zip(positions, chosen, strict=True)
-            ],
-            hovertemplate="token %{customdata[0]}<br>round %{customdata[1]}, depth %{customdata[2]}<br>"
-            "draft peak %{customdata[3]}<br>verification peak %{customdata[4]}<br>alignment %{customdata[5]}"
-            "<br>window centre %{customdata[6]}"
-            "<extra></extra>",
-            row=2,
-            col=1,
-        )
-    if verification:  # points only: a line would cross the plot wherever a peak falls on the clip's start
-        figure.add_scatter(
-            x=[peak * trace.frame_seconds for peak in verification.values()],
-            y=list(verification),
-            mode="markers",
-            name=f"target verification peak (layer {layer})",
-            marker={"color": VERIFIED, "size": 5},
-            customdata=[
-                [label.get(position, position), _ms(peak, trace.frame_seconds)]
-                for position, peak in verification.items()
-            ],
-            hovertemplate="token %{customdata[0]}<br>verification peak %{customdata[1]}<extra></extra>",
-            row=2,
-            col=1,
-        )
+    _add_draft_windows(figure, trace)
+    _add_draft_peaks(figure, trace, label, verification)
+    if verification:
+        _add_verification_peaks(figure, trace, label, verification, layer)
     if trace.reference_frames:
-        known = [(i, f) for i, f in enumerate(trace.reference_frames) if f is not None]
-        figure.add_scatter(
-            x=[f * trace.frame_seconds for _, f in known],
-            y=[i for i, _ in known],
-            mode="markers",
-            name="forced alignment",
-            marker={"color": ALIGNED, "symbol": "diamond-open", "size": 8},
-            customdata=[[label.get(i, i), _ms(f, trace.frame_seconds)] for i, f in known],
-            hovertemplate="token %{customdata[0]}<br>forced alignment %{customdata[1]}<extra></extra>",
-            row=2,
-            col=1,
-        )
+        _add_alignment(figure, trace, label)
     first, end = _token_span(trace, len(pieces), segment)
     height = _height(end - first, DRIFT_TOKEN_SHARE)
     shown = range(first, end, _label_step(end - first, height, DRIFT_TOKEN_SHARE))
@@ -300,6 +225,112 @@ def drift_figure(
     mark_cuts(figure, trace)
     figure.update_layout(height=height, legend=ON_TOP, margin={"t": 110})  # room for the legend and the times
     return figure
+
+
+def _add_waveform(figure: go.Figure, audio: np.ndarray, rate: int, frame_seconds: float) -> None:
+    """The clip's envelope, one point per encoder frame, in the top row."""
+    frames = max(1, len(audio) // int(rate * frame_seconds))
+    envelope = np.abs(audio[: frames * (len(audio) // frames)]).reshape(frames, -1).max(axis=1)
+    times = np.arange(frames) * (len(audio) / rate / frames)
+    figure.add_scatter(
+        x=times, y=envelope, fill="tozeroy", mode="lines", name="waveform", line={"color": "#999"}, row=1, col=1
+    )
+
+
+def _spine_positions(trace: Trace) -> list[tuple[DraftStep, int]]:
+    """Each draft step on its round's spine, with the transcript position it proposed."""
+    start = {r.index: r.start for r in trace.rounds}
+    return [(s, start[s.round] + s.depth - 1) for s in trace.spine if s.round in start]
+
+
+def _add_draft_windows(figure: go.Figure, trace: Trace) -> None:
+    """A bar over the audio the draft could attend at each proposal, where a window applied."""
+    half_width = trace.settings.half_width_ms / 1000
+    xs, ys = [], []
+    for s, position in _spine_positions(trace):
+        if s.window_centre is not None:
+            centre = s.window_centre * trace.frame_seconds
+            xs += [centre - half_width, centre + half_width, None]
+            ys += [position, position, None]
+    if xs:
+        figure.add_scatter(
+            x=xs,
+            y=ys,
+            mode="lines",
+            name="draft window",
+            line={"color": WINDOW, "width": 8},
+            hoverinfo="skip",
+            row=2,
+            col=1,
+        )
+
+
+def _add_draft_peaks(figure: go.Figure, trace: Trace, label: dict, verification: dict[int, int]) -> None:
+    """The draft's attention peak at each proposal: accepted ones as circles, rejected ones as crosses."""
+    seconds = trace.frame_seconds
+    for accepted, name, colour, symbol in ((True, "accepted", ACCEPTED, "circle"), (False, "rejected", REJECTED, "x")):
+        chosen = [(s, p) for s, p in _spine_positions(trace) if s.accepted == accepted and s.draft_peak is not None]
+        figure.add_scatter(
+            x=[s.draft_peak * seconds for s, _ in chosen],
+            y=[p for _, p in chosen],
+            mode="markers",
+            name=f"draft peak, proposal {name}",
+            marker={"color": colour, "symbol": symbol, "size": [6 + 3 * s.depth for s, _ in chosen]},
+            customdata=[
+                [
+                    label.get(p, p),
+                    s.round,
+                    s.depth,
+                    _ms(s.draft_peak, seconds),
+                    _ms(verification.get(p), seconds),
+                    _ms(s.reference_frame, seconds),
+                    _ms(s.window_centre, seconds),
+                ]
+                for s, p in chosen
+            ],
+            hovertemplate="token %{customdata[0]}<br>round %{customdata[1]}, depth %{customdata[2]}<br>"
+            "draft peak %{customdata[3]}<br>verification peak %{customdata[4]}<br>alignment %{customdata[5]}"
+            "<br>window centre %{customdata[6]}"
+            "<extra></extra>",
+            row=2,
+            col=1,
+        )
+
+
+def _add_verification_peaks(
+    figure: go.Figure, trace: Trace, label: dict, verification: dict[int, int], layer: int
+) -> None:
+    """The target's verification peak of each transcript token. Points only: a line would cross the plot wherever a
+    peak falls on the clip's start."""
+    figure.add_scatter(
+        x=[peak * trace.frame_seconds for peak in verification.values()],
+        y=list(verification),
+        mode="markers",
+        name=f"target verification peak (layer {layer})",
+        marker={"color": VERIFIED, "size": 5},
+        customdata=[
+            [label.get(position, position), _ms(peak, trace.frame_seconds)] for position, peak in verification.items()
+        ],
+        hovertemplate="token %{customdata[0]}<br>verification peak %{customdata[1]}<extra></extra>",
+        row=2,
+        col=1,
+    )
+
+
+def _add_alignment(figure: go.Figure, trace: Trace, label: dict) -> None:
+    """The forced-alignment frame of each transcript token that has one."""
+    known = [(i, f) for i, f in enumerate(trace.reference_frames) if f is not None]
+    figure.add_scatter(
+        x=[f * trace.frame_seconds for _, f in known],
+        y=[i for i, _ in known],
+        mode="markers",
+        name="forced alignment",
+        marker={"color": ALIGNED, "symbol": "diamond-open", "size": 8},
+        customdata=[[label.get(i, i), _ms(f, trace.frame_seconds)] for i, f in known],
+        hovertemplate="token %{customdata[0]}<br>forced alignment %{customdata[1]}<extra></extra>",
+        row=2,
+        col=1,
+    )
 
 
 def _token_span(trace: Trace, count: int, segment: int | None) -> tuple[int, int]:
