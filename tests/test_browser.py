@@ -126,16 +126,26 @@ def test_a_user_decodes_a_clip_and_visits_every_page(server, sample_clips):
         assert "judgment" in text and "A/A check" in text and "Traceback" not in text
         page.screenshot(path=str(shots / "live-decode.png"), full_page=True)
 
+        uploaded = sample_clips[0].path.name
         page.get_by_role("link", name="Windows").click()
+        page.get_by_role("button", name="Run every window").wait_for()
+        settle(page)
+        assert page.get_by_role("radio", name=uploaded).is_checked()  # the upload, followed from Live decode
         page.get_by_role("button", name="Run every window").click()
         page.get_by_text("Anchor error by depth").wait_for()
         settle(page)
+        assert f"{uploaded}: whisper-tiny.en" in page.inner_text("body")  # the result names the clip it measured
         page.locator(".js-plotly-plot").nth(1).wait_for()
         page.screenshot(path=str(shots / "windows.png"), full_page=True)
 
+        page.get_by_role("link", name="Checkpoints").click()
+        page.get_by_text("Compare").first.wait_for()
+        settle(page)
+        assert page.get_by_role("radio", name="one clip").is_checked()
+        assert page.get_by_role("radio", name=uploaded).is_checked()
+
         for name, expected in (
             ("Drift", "Drift by draft depth"),
-            ("Checkpoints", "Compare"),
             ("Cost rule", "Try a correction"),
             ("Runs", "runs in"),
         ):
