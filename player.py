@@ -14,7 +14,7 @@ import soundfile
 import streamlit as st
 from plotly.offline import get_plotlyjs
 
-from specasr.audio import SAMPLE_RATE
+from specasr import SAMPLE_RATE
 
 AUDIO_BAR_HEIGHT = 60  # the 40 px <audio controls> bar, its 8 px margin, and room to spare against a scroll bar
 PLOTLY_DEFAULT_HEIGHT = 450  # what plotly.js draws when a figure's layout gives no height

@@ -8,8 +8,7 @@ import streamlit as st
 from streamlit.runtime.scriptrunner import get_script_run_ctx
 from tqdm import tqdm
 
-from specasr.audio import SAMPLE_RATE, Clip, split_windows
-from specasr.trace import Round, Settings
+from specasr import SAMPLE_RATE, Clip, Round, Settings, split_windows
 from widgets import pipeline
 
 

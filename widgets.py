@@ -10,39 +10,46 @@ import numpy as np
 import pandas as pd
 import soundfile
 import streamlit as st
-import torch
 
-from specasr.align import AlignerUnavailableError, AlignmentError
-from specasr.audio import (
+from specasr import (
+    BUILTIN_TARGETS,
     DEFAULT_MAX_SECONDS,
+    DTYPES,
+    MOST_TREE_WIDTH,
+    REFERENCE_WINDOWS,
     SAMPLE_RATE,
+    USER_ERRORS,
+    WINDOWS,
+    AlignmentError,
     AudioError,
     AudioTooLongError,
     Clip,
-    load_audio,
-)
-from specasr.cache import cache_dir
-from specasr.dataset import clips_by_set, load_manifest, spread
-from specasr.draft import DraftMismatchError, shipped_drafts
-from specasr.pipeline import Pipeline
-from specasr.pooled import Weighting, weighting
-from specasr.store import Store, StoreError
-from specasr.targets import BUILTIN_TARGETS, DTYPES, TargetUnavailableError
-from specasr.trace import MOST_TREE_WIDTH, Round, Settings, SettingsError, Trace, candidate_count, default_nodes
-from specasr.tts import synthesize_espeak
-from specasr.views import cut_seconds
-from specasr.windows import REFERENCE_WINDOWS, WINDOWS
-
-DECODE_ERRORS = (
-    AudioError,
-    TargetUnavailableError,
-    AlignmentError,
-    AlignerUnavailableError,
-    DraftMismatchError,
+    OutOfMemoryError,
+    Pipeline,
+    Round,
+    Settings,
+    SettingsError,
+    Store,
     StoreError,
-    ValueError,
-    torch.OutOfMemoryError,
+    Trace,
+    Weighting,
+    cache_dir,
+    candidate_count,
+    clips_by_set,
+    default_nodes,
+    devices,
+    load_audio,
+    load_manifest,
+    shipped_drafts,
+    spread,
+    synthesize_espeak,
+    weighting,
 )
+from specasr.views import cut_seconds
+
+# A page outlives its decode: any bad value and a full GPU are told on the page too, where the command line lets
+# them end in a traceback
+DECODE_ERRORS = (*USER_ERRORS, ValueError, OutOfMemoryError)
 EXAMPLE_TEXT = "The birch canoe slid on the smooth planks. Glue the sheet to the dark blue background."
 AS_TARGET = "as the target"
 LOCAL_TARGET = "a local model folder"
@@ -57,11 +64,6 @@ def pipeline() -> Pipeline:
 
 def store() -> Store:
     return pipeline().store
-
-
-def devices() -> list[str]:
-    """CUDA first where there is one: the dashboard defaults to the GPU."""
-    return (["cuda"] if torch.cuda.is_available() else []) + ["cpu"]
 
 
 # Sidebar settings kept in the page's address, so that a link reopens the same view: query parameter -> its type.

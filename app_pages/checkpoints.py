@@ -8,15 +8,29 @@ import streamlit as st
 
 import progress
 import widgets
-from specasr.cache import cache_dir
-from specasr.compare import DIFFERENCE, Comparison, compare, compare_runs
-from specasr.draft import shipped_drafts
-from specasr.experiments import REPEATS, Grid, GridRuns, draft_label, grid_traces, run_grid
-from specasr.intervals import aa_warning, unreliable_mark
-from specasr.metrics import depth_profile
-from specasr.pooled import Weighting, weighting
-from specasr.report import AGGREGATION, repetition_note, tables
-from specasr.trace import Trace
+from specasr import (
+    AGGREGATION,
+    DIFFERENCE,
+    REPEATS,
+    Comparison,
+    Grid,
+    GridRuns,
+    Trace,
+    Weighting,
+    aa_warning,
+    cache_dir,
+    compare_runs,
+    compare_traces,
+    depth_profile,
+    draft_label,
+    grid_traces,
+    repetition_note,
+    run_grid,
+    shipped_drafts,
+    tables,
+    unreliable_mark,
+    weighting,
+)
 from specasr.views import depth_figure
 
 st.title("Checkpoints")
@@ -53,7 +67,7 @@ def draft_pairs(runs: GridRuns, sets: Weighting) -> list[DraftPair]:
     arms = [(draft_label(s.draft), runs.cells[s], traces) for s, traces in decoded.cells.items()]
     (first, first_run, first_traces), *others = arms
     return [
-        DraftPair(name, first, run, first_run, compare(traces, first_traces, decoded.baseline, sets))
+        DraftPair(name, first, run, first_run, compare_traces(traces, first_traces, decoded.baseline, sets))
         for name, run, traces in others
     ]
 
@@ -122,7 +136,7 @@ with tab_run:
                 "note": repetition_note(repeats),
                 "not_stored": runs.not_stored,
             }
-        except (*widgets.DECODE_ERRORS, FileNotFoundError) as error:
+        except widgets.DECODE_ERRORS as error:
             widgets.report(error)
 
     result = st.session_state.get("checkpoints")

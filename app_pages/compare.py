@@ -9,10 +9,17 @@ import plotly.graph_objects as go
 import streamlit as st
 
 import widgets
-from specasr.audio import SAMPLE_RATE
-from specasr.compare import DIFFERENCE, Comparison, NoSharedClipError, Word, compare_runs, word_diff
-from specasr.metrics import word_error_rate
-from specasr.trace import Trace
+from specasr import (
+    DIFFERENCE,
+    SAMPLE_RATE,
+    Comparison,
+    NoSharedClipError,
+    Trace,
+    Word,
+    compare_runs,
+    word_diff,
+    word_error_rate,
+)
 from specasr.views import drift_figure
 
 ONLY_A, ONLY_B = "#fde2c8", "#cfe3fb"  # highlights of the words one transcript has and the other lacks

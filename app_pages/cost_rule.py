@@ -5,12 +5,22 @@ import streamlit as st
 
 import progress
 import widgets
-from specasr.draft import shipped_drafts
-from specasr.experiments import REPEATS, Grid, run_grid, stored_grid
-from specasr.metrics import acceptance, correction_pays, predicted_speed_change, rho
-from specasr.report import RUNTIME_BASES, tables
-from specasr.targets import BUILTIN_TARGETS
-from specasr.trace import Settings
+from specasr import (
+    BUILTIN_TARGETS,
+    REPEATS,
+    RUNTIME_BASES,
+    Grid,
+    Settings,
+    acceptance,
+    correction_pays,
+    devices,
+    predicted_speed_change,
+    rho,
+    run_grid,
+    shipped_drafts,
+    stored_grid,
+    tables,
+)
 from specasr.views import cost_rule_figure
 
 RUNTIME_CONTRAST = (*RUNTIME_BASES, "runtime")  # the runtime correction and the loops Table 16 holds it against
@@ -75,7 +85,7 @@ with st.expander("Run an experiment here", expanded=runs is None):
     ks = columns[1].multiselect("K", list(range(1, 9)), [2, 4], key="rule_ks")
     repeats = columns[2].number_input("Timing repetitions", 1, 20, REPEATS, key="rule_repeats")
     if st.button("Run the experiment", type="primary", key="rule_run", disabled=not ks):
-        base = Settings(target=target, device=widgets.devices()[0])
+        base = Settings(target=target, device=devices()[0])
         grid = Grid(base, tuple(shipped_drafts(target)), RUNTIME_CONTRAST, tuple(sorted(ks)))
         try:
             with st.spinner(f"Decoding {count} clips under {len(grid.cells())} cells and greedy…"):
@@ -84,7 +94,7 @@ with st.expander("Run an experiment here", expanded=runs is None):
             for reason in made.not_stored:
                 st.warning(f"Not stored, so not shown below: {reason}")
             runs = stored_grid(widgets.store(), target)
-        except (*widgets.DECODE_ERRORS, FileNotFoundError) as error:
+        except widgets.DECODE_ERRORS as error:
             widgets.report(error)
 if runs is None:
     st.info(f"No experiment on {target} in the store yet: run one above.")

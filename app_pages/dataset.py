@@ -7,11 +7,7 @@ import streamlit as st
 
 import progress
 import widgets
-from specasr import clipset
-from specasr.audio import AudioError, Clip, load_audio
-from specasr.cache import cache_dir
-from specasr.dataset import DEFAULT_SPEECH_DIR, Utterance, spread
-from specasr.trace import Settings
+from specasr import DEFAULT_SPEECH_DIR, AudioError, Clip, Settings, Utterance, cache_dir, clipset, load_audio, spread
 
 DEFAULT_CLIPS = 20
 FOLDER, UPLOAD = "a manifest folder", "an upload"

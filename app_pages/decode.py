@@ -9,10 +9,17 @@ import streamlit as st
 import progress
 import widgets
 from player import drift_player
-from specasr.audio import SAMPLE_RATE
-from specasr.bench import aa_check, benchmark, store_results, summary
-from specasr.intervals import aa_verdict, aa_warning
-from specasr.metrics import acceptance, word_error_rate
+from specasr import (
+    SAMPLE_RATE,
+    aa_check,
+    aa_verdict,
+    aa_warning,
+    acceptance,
+    benchmark,
+    store_results,
+    summary,
+    word_error_rate,
+)
 from specasr.views import attention_heatmap, drift_figure, round_table, token_rows, tree_figure
 
 st.title("Live decode")

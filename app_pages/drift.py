@@ -4,7 +4,7 @@ import pandas as pd
 import streamlit as st
 
 import widgets
-from specasr.metrics import depth_profile
+from specasr import depth_profile
 from specasr.views import depth_figure
 
 st.title("Drift by draft depth")

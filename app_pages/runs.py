@@ -11,7 +11,7 @@ import pandas as pd
 import streamlit as st
 
 import widgets
-from specasr.transfer import export_runs
+from specasr import export_runs
 
 COLUMNS = [
     "label", "run_id", "created", "command", "target", "draft_name", "draft_dtype", "k", "window", "clips",

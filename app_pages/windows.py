@@ -7,11 +7,8 @@ import streamlit as st
 
 import progress
 import widgets
-from specasr.align import AlignmentError
-from specasr.compare import DIFFERENCE, Comparison, compare
-from specasr.metrics import acceptance, depth_profile
+from specasr import DIFFERENCE, WINDOWS, AlignmentError, Comparison, acceptance, compare_traces, depth_profile
 from specasr.views import depth_figure, survival_figure
-from specasr.windows import WINDOWS
 
 BASE = "unrestricted"  # the window every other is compared with
 st.title("Windows")
@@ -56,7 +53,7 @@ def differences_from_base(traces: dict) -> dict[str, Comparison]:
     """Each window (A) against the unrestricted one (B) on the clip, as every page compares two runs."""
     if BASE not in traces:
         return {}
-    return {window: compare([trace], [traces[BASE]]) for window, trace in traces.items() if window != BASE}
+    return {window: compare_traces([trace], [traces[BASE]]) for window, trace in traces.items() if window != BASE}
 
 
 if st.button("Run every window", type="primary", key="run_windows", disabled=clip is None):

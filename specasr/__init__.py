@@ -53,6 +53,7 @@ _EXPORTS = {
     "specasr.errors": ("USER_ERRORS",),
     "torch": ("OutOfMemoryError",),
     # clips and their sets
+    "specasr.clipset": ("ClipSetError",),
     "specasr.dataset": ("DEFAULT_SPEECH_DIR", "Utterance", "load_manifest", "spread", "clips_by_set"),
     "specasr.cache": ("cache_dir",),
     # the run store

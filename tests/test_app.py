@@ -11,12 +11,12 @@ import soundfile
 from streamlit.testing.v1 import AppTest
 from test_experiments import BASE, hand_trace, peaks_trace, restarts
 
+from specasr import WINDOWS
 from specasr.audio import SAMPLE_RATE
 from specasr.experiments import COMMAND, stored_grid
 from specasr.pipeline import Pipeline
 from specasr.store import Store, StoreError
 from specasr.trace import Settings
-from specasr.windows import WINDOWS
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = str(ROOT / "app.py")
