@@ -75,12 +75,16 @@ def anchor_loss(attention: Tensor, frames: Tensor, valid_frames: Tensor, sigma: 
 
     attention: (B, T, n_frames) head-averaged audio attention; frames: (B, T), -1 where there is no frame.
     """
+    total, count = anchor_terms(attention, frames, valid_frames, sigma)
+    return total / count.clamp_min(1)
+
+
+def anchor_terms(attention: Tensor, frames: Tensor, valid_frames: Tensor, sigma: float) -> tuple[Tensor, Tensor]:
+    """The anchor cross-entropy summed over positions with a reference frame, and how many there are."""
     has_frame = frames >= 0
-    if not has_frame.any():
-        return attention.new_zeros(())
     q = gaussian_targets(frames.clamp_min(0), valid_frames, attention.shape[-1], sigma)
     cross_entropy = -(q * attention.clamp_min(1e-12).log()).sum(dim=-1)
-    return cross_entropy[has_frame].mean()
+    return cross_entropy[has_frame].sum(), has_frame.sum()
 
 
 def _chain_mask(depth: int, length: int, device: torch.device) -> Tensor:
@@ -97,10 +101,13 @@ def _chain_mask(depth: int, length: int, device: torch.device) -> Tensor:
     return torch.cat(blocks, dim=1)
 
 
-def with_feature_noise(batch: Batch, scale: Tensor, generator: torch.Generator) -> Batch:
+def with_feature_noise(batch: Batch, scale: Tensor, generators: Sequence[torch.Generator]) -> Batch:
     """The batch with Gaussian noise of width `scale` (per feature) on the features the draft reads; the features it
-    regresses onto stay clean (paper C.1)."""
-    noise = torch.randn(batch.features.shape, generator=generator, device=batch.features.device)
+    regresses onto stay clean (paper C.1). Each example draws from its own generator, so its noise does not depend
+    on which batch or process it lands in."""
+    noise = torch.zeros_like(batch.features)
+    for b, (length, generator) in enumerate(zip(batch.lengths.tolist(), generators, strict=True)):
+        noise[b, :length] = torch.randn((length, noise.shape[-1]), generator=generator, device=noise.device)
     return replace(batch, input_features=batch.features + scale * noise)
 
 
@@ -133,34 +140,47 @@ def unroll(
         features = torch.cat([torch.zeros_like(out.features[:, :1]), out.features[:, :-1]], dim=1)
 
 
-def unrolled_loss(
-    draft: Draft, batch: Batch, depths: int, anchor_weight: float, sigma: float, feature_weight: float = 0.5
-) -> LossParts:
-    """Token cross-entropy + feature smooth-L1 + anchor loss, averaged over the unrolled depths.
+def unrolled_sums(draft: Draft, batch: Batch, depths: int, sigma: float, anchor: bool) -> tuple[Tensor, Tensor]:
+    """Token cross-entropy, feature smooth-L1 and anchor cross-entropy at each unrolled depth, each summed over the
+    batch, and what each sum is averaged over: two (3, depths) tensors. Sums and counts stay apart so that processes
+    sharing a batch can divide by the whole batch's counts.
 
     Every depth regresses onto the clean next features. sigma is in frames.
     """
     positions = torch.arange(batch.inputs.shape[1], device=batch.inputs.device)
     real = positions[None, :] < batch.lengths[:, None]
     next_features = batch.features[:, 1:]
-    token_losses, feature_losses, anchor_losses = [], [], []
+    sums, counts = [], []
     for depth, out in enumerate(unroll(draft, batch, depths), start=1):
         # A depth-j step exists only from position j - 1 on; earlier rows see no keys of their own chain.
-        targets = batch.targets.masked_fill(positions[None, :] < depth - 1, -100)
-        token_losses.append(F.cross_entropy(draft.logits(out.hidden).transpose(1, 2).float(), targets))
-        has_next = (real[:, 1:] & (positions[None, 1:] >= depth - 1))[..., None]
+        early = positions[None, :] < depth - 1
+        targets = batch.targets.masked_fill(early, -100)
+        token = F.cross_entropy(draft.logits(out.hidden).transpose(1, 2).float(), targets, reduction="sum")
+        has_next = (real[:, 1:] & ~early[:, 1:])[..., None]
         feature_error = F.smooth_l1_loss(out.features[:, :-1].float(), next_features.float(), reduction="none")
-        feature_losses.append(
-            (feature_error * has_next).sum() / (has_next.sum() * next_features.shape[-1]).clamp_min(1)
+        anchor_sum, anchor_count = (
+            anchor_terms(out.attention, batch.frames.masked_fill(early, -1), batch.valid_frames, sigma)
+            if anchor and out.attention is not None
+            else (token.new_zeros(()), targets.new_zeros(()))
         )
-        if out.attention is not None and anchor_weight > 0:
-            frames = batch.frames.masked_fill(positions[None, :] < depth - 1, -1)
-            anchor_losses.append(anchor_loss(out.attention, frames, batch.valid_frames, sigma))
-    token = torch.stack(token_losses).mean()
-    feature = torch.stack(feature_losses).mean()
-    anchor = torch.stack(anchor_losses).mean() if anchor_losses else token.new_zeros(())
+        sums.append(torch.stack([token, (feature_error * has_next).sum(), anchor_sum]))
+        counts.append(torch.stack([(targets != -100).sum(), has_next.sum() * next_features.shape[-1], anchor_count]))
+    return torch.stack(sums, dim=1), torch.stack(counts, dim=1).float()
+
+
+def weighted_loss(sums: Tensor, counts: Tensor, anchor_weight: float, feature_weight: float) -> LossParts:
+    """Each term averaged over its counts at each depth, then over the depths, and weighted."""
+    token, feature, anchor = (sums / counts.clamp_min(1)).mean(dim=1)
     total = token + feature_weight * feature + anchor_weight * anchor
     return LossParts(total, token.item(), feature.item(), anchor.item())
+
+
+def unrolled_loss(
+    draft: Draft, batch: Batch, depths: int, anchor_weight: float, sigma: float, feature_weight: float = 0.5
+) -> LossParts:
+    """Token cross-entropy + feature smooth-L1 + anchor loss, averaged over the unrolled depths."""
+    sums, counts = unrolled_sums(draft, batch, depths, sigma, anchor_weight > 0)
+    return weighted_loss(sums, counts, anchor_weight, feature_weight)
 
 
 def cosine_lr(step: int, total_steps: int, peak: float, warmup: int = 0) -> float:
@@ -174,7 +194,7 @@ def cosine_lr(step: int, total_steps: int, peak: float, warmup: int = 0) -> floa
 class TrainConfig:
     variant: str = "anchordraft"  # control | anchordraft | no-audio
     epochs: int = 20
-    batch_size: int = 12
+    batch_size: int = 12  # the global batch: under torchrun each of N processes takes 1/N of it
     lr: float = 1e-3
     weight_decay: float = 0.01
     grad_clip: float = 1.0
@@ -262,10 +282,35 @@ def feature_scale(examples: list[Example], taps: tuple[int, ...]) -> Tensor:
 
 
 def distributed() -> tuple[int, int]:
-    """(rank, world size): several processes under torchrun, else one."""
+    """(rank, world size): several processes under torchrun, else one. Where CUDA is, each process takes the GPU
+    of its LOCAL_RANK and CUDA tensors go through NCCL; CPU tensors always go through gloo."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo")
     return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+
+
+def check_global_batch(batch_size: int, world: int) -> None:
+    if batch_size < world:
+        raise ValueError(f"the batch size is the global batch: it needs an example for each of {world} processes")
+
+
+def epoch_batches(n_examples: int, batch_size: int, seed: int, epoch: int, rank: int, world: int) -> list[Tensor]:
+    """This process's share of each global batch of an epoch (example indices).
+
+    Every process draws the same order and deals each batch of `batch_size` out in turn, so the shares are disjoint
+    and differ in size by at most one. A last batch smaller than `world` is left out: a process would get nothing.
+    """
+    order = torch.randperm(n_examples, generator=torch.Generator().manual_seed(seed * 1000 + epoch))
+    return [batch[rank::world] for batch in order.split(batch_size) if len(batch) >= world]
+
+
+def noise_generators(
+    indices: Tensor, n_examples: int, seed: int, epoch: int, device: torch.device
+) -> list[torch.Generator]:
+    """One generator per example and epoch, the same in every process."""
+    return [torch.Generator(device=device).manual_seed((seed * 1000 + epoch) * n_examples + int(i)) for i in indices]
 
 
 def train(
@@ -281,6 +326,7 @@ def train(
     `every_epoch` each epoch's draft in out/epoch-N too. `data_hash` and `sources` (each data source's settings) are
     recorded in the checkpoint with the config."""
     rank, world = distributed()
+    check_global_batch(config.batch_size, world)
     device = target.device
     torch.manual_seed(config.seed)
     shape = {"taps": tuple(config.taps)} if config.taps else {}
@@ -306,19 +352,17 @@ def train(
     to_draft = torch.full((target.vocab_size,), -100, dtype=torch.long)  # target id -> draft vocabulary index
     to_draft[draft_ids] = torch.arange(len(draft_ids))
     noise_scale = config.feature_noise * feature_scale(examples, taps).to(device)
-    batches_per_epoch = -(-len(examples) // config.batch_size) // world
+    batches_per_epoch = len(epoch_batches(len(examples), config.batch_size, config.seed, 0, rank, world))
     total_steps = config.epochs * batches_per_epoch
     for epoch in range(start_epoch, config.epochs):
-        order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(config.seed * 1000 + epoch))
-        noise = torch.Generator(device=device).manual_seed(config.seed * 1000 + epoch + rank)
-        batches = order.split(config.batch_size)
-        batches = batches[: len(batches) // world * world][rank::world]  # every process takes as many steps
+        batches = epoch_batches(len(examples), config.batch_size, config.seed, epoch, rank, world)
         progress = tqdm(batches, desc=f"{config.variant} epoch {epoch + 1}/{config.epochs}", disable=rank != 0)
         for i, indices in enumerate(progress):
             step = epoch * batches_per_epoch + i
             for group in optimizer.param_groups:
                 group["lr"] = cosine_lr(step, total_steps, config.lr)
             batch = _to(collate([examples[j] for j in indices], taps, len(target.prompt), to_draft), device)
+            noise = noise_generators(indices, len(examples), config.seed, epoch, device)
             batch = with_feature_noise(batch, noise_scale, noise)
             parts = model(batch)
             optimizer.zero_grad(set_to_none=True)
@@ -350,8 +394,16 @@ class Objective(nn.Module):
         self.sigma_frames = config.sigma_ms / 1000 / frame_seconds  # the anchor target's width on the audio grid
 
     def forward(self, batch: Batch) -> LossParts:
+        """The loss over this process's share of the batch. Under torchrun each term is divided by its count over
+        the whole global batch (shares hold different numbers of tokens and frames) and scaled by the number of
+        processes, which DistributedDataParallel's gradient average divides out again: the gradient is that of one
+        process's loss over the global batch. The parts it reports are this process's share, so scaled."""
         c = self.config
-        return unrolled_loss(self.draft, batch, c.unroll, c.anchor_weight, self.sigma_frames, c.feature_weight)
+        sums, counts = unrolled_sums(self.draft, batch, c.unroll, self.sigma_frames, c.anchor_weight > 0)
+        if dist.is_initialized():
+            dist.all_reduce(counts)
+            sums = sums * dist.get_world_size()
+        return weighted_loss(sums, counts, c.anchor_weight, c.feature_weight)
 
 
 def _to(batch: Batch, device: torch.device) -> Batch:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm import tqdm
@@ -192,21 +193,33 @@ def _shard_spans(count: int) -> list[tuple[int, int]]:
     return [(first, min(SHARD_SIZE, count - first)) for first in range(0, count, SHARD_SIZE)]
 
 
-def build_cache(target: Target, source: Source, aligner: Aligner) -> Path:
-    """Fill the source's cache folder with shards for its first `count` clips. Shards already holding their clips
-    are kept, so an interrupted build resumes and a longer source only makes the clips a shorter one lacked (a
-    shorter last shard is made again in full)."""
-    folder = feature_cache(target, source)
-    missing = [
+def missing_shards(folder: Path, count: int) -> list[tuple[int, int, int]]:
+    """(index, first clip, clips) of each shard of the first `count` clips that the folder lacks. Shards already
+    holding their clips are kept, so an interrupted build resumes and a longer source only makes the clips a shorter
+    one lacked (a shorter last shard is made again in full)."""
+    return [
         (index, first, n)
-        for index, (first, n) in enumerate(_shard_spans(source.count))
+        for index, (first, n) in enumerate(_shard_spans(count))
         if not _shard_path(folder, index).exists() or len(shard_clips(_shard_path(folder, index))) < n
     ]
-    if not missing:
-        return folder
-    total = sum(n for _, _, n in missing)
-    with tqdm(total=total, desc=f"features {target.name} {source.name}", unit="clip") as progress:
-        for index, first, n in missing:
+
+
+def build_caches(target: Target, sources: list[Source], aligner: Aligner, rank: int = 0, world: int = 1) -> list[Path]:
+    """Fill each source's cache folder with shards for its first `count` clips. Of `world` processes sharing one
+    cache (torchrun), process `rank` makes every world-th missing shard, so each shard is made once and the shares
+    are balanced to within a shard; the caller waits for all of them before reading."""
+    folders = [feature_cache(target, source) for source in sources]
+    missing = [
+        (source, folder, *shard)
+        for source, folder in zip(sources, folders, strict=True)
+        for shard in missing_shards(folder, source.count)
+    ]
+    if world > 1:
+        dist.barrier()  # every process has listed the missing shards before any is written, so all lists agree
+    share = missing[rank::world]
+    quiet = rank != 0 or not share  # one bar, that of the first process
+    with tqdm(total=sum(n for *_, n in share), desc=f"features {target.name}", unit="clip", disable=quiet) as progress:
+        for source, folder, index, first, n in share:
             clips, examples = [], []
             for position in range(first, first + n):
                 clip = source.clip(position)
@@ -214,7 +227,7 @@ def build_cache(target: Target, source: Source, aligner: Aligner) -> Path:
                 examples.append(make_example(target, clip, aligner))
                 progress.update()
             write_shard(_shard_path(folder, index), [e for e in examples if e is not None], clips)
-    return folder
+    return folders
 
 
 def load_examples(folder: Path, count: int) -> list[Example]:
@@ -243,6 +256,12 @@ def training_sources(real: int, real_2: int, espeak: int, hibari: int, seed: int
     return [make() for count, make in makers if count]
 
 
-def prepare_examples(target: Target, sources: list[Source], aligner: Aligner) -> list[Example]:
-    """Build (or reuse) each source's cache for this target and load the examples of its first `count` clips."""
-    return [e for source in sources for e in load_examples(build_cache(target, source, aligner), source.count)]
+def prepare_examples(
+    target: Target, sources: list[Source], aligner: Aligner, rank: int = 0, world: int = 1
+) -> list[Example]:
+    """Build (or reuse) each source's cache for this target, `rank`'s share of it when `world` processes share the
+    work, and load the examples of each source's first `count` clips, every shard's once all are made."""
+    folders = build_caches(target, sources, aligner, rank, world)
+    if world > 1:
+        dist.barrier()
+    return [e for source, folder in zip(sources, folders, strict=True) for e in load_examples(folder, source.count)]

@@ -96,7 +96,7 @@ def test_feature_noise_reaches_the_draft_input_and_never_the_regression_target(t
     draft = random_draft(tiny_en, seed=2).requires_grad_(False)
     draft.fuse.weight.zero_()  # the draft's output no longer depends on the features it reads
     clean = _batch(tiny_en)
-    noisy = with_feature_noise(clean, torch.tensor(1e4), torch.Generator().manual_seed(0))
+    noisy = with_feature_noise(clean, torch.tensor(1e4), [torch.Generator().manual_seed(0)])
     assert torch.equal(noisy.features, clean.features)
     assert (noisy.input_features - clean.features).abs().mean() > 1e3
     loss = unrolled_loss(draft, noisy, depths=3, anchor_weight=0.0, sigma=20.0)

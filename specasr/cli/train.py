@@ -3,13 +3,14 @@
 import argparse
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 
 from specasr.align import get_aligner
 from specasr.cache import cache_dir
 from specasr.cli.options import UsageError, add_aligner_option, add_target_options, checked, layers, number
 from specasr.targets import load_target
-from specasr.train import INITS, VARIANTS, TrainConfig, distributed, train
+from specasr.train import INITS, VARIANTS, TrainConfig, check_global_batch, distributed, train
 from specasr.trainset import data_hash, prepare_examples, training_sources
 
 # TrainConfig fields set by options of the same name
@@ -83,22 +84,27 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> None:
     config = checked(TrainConfig, **{name: getattr(args, name) for name in CONFIG_FIELDS})
     aligner = get_aligner(args.aligner)
-    target = load_target(args.target, args.device, args.dtype)
+    rank, world = distributed()
+    target = load_target(args.target, process_device(args.device), args.dtype)
     sources = training_sources(args.real, args.real_2, args.espeak, args.hibari, args.data_seed)
     if not any(source.count for source in sources):
         raise UsageError("no training clips: give at least one of --real, --real-2, --espeak or --hibari above 0")
-    rank, _ = distributed()
-    if rank == 0:  # one process fills the feature cache; under torchrun the others wait, then read it
-        examples = prepare_examples(target, sources, aligner)
-    if dist.is_initialized():
-        dist.barrier()
-    if rank != 0:
-        examples = prepare_examples(target, sources, aligner)
+    checked(check_global_batch, batch_size=config.batch_size, world=world)
+    examples = prepare_examples(target, sources, aligner, rank, world)  # under torchrun each makes its own shards
     if args.prepare_only:
-        print(f"feature cache ready: {len(examples)} examples from {sum(s.count for s in sources)} clips")
-        return
-    out = args.out or cache_dir() / "drafts" / target.folder_name / config.variant
-    described = {source.name: {**source.settings, "count": source.count} for source in sources}
-    draft = train(target, examples, config, out, data_hash(examples), described, args.every_epoch)
-    if rank == 0:
-        print(f"{draft.name} trained on {len(examples)} examples; saved in {out}")
+        if rank == 0:
+            print(f"feature cache ready: {len(examples)} examples from {sum(s.count for s in sources)} clips")
+    else:
+        out = args.out or cache_dir() / "drafts" / target.folder_name / config.variant
+        described = {source.name: {**source.settings, "count": source.count} for source in sources}
+        draft = train(target, examples, config, out, data_hash(examples), described, args.every_epoch)
+        if rank == 0:
+            print(f"{draft.name} trained on {len(examples)} examples; saved in {out}")
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def process_device(device: str) -> str:
+    """Under torchrun, --device cuda is each process's own GPU (LOCAL_RANK)."""
+    shared = device == "cuda" and dist.is_initialized() and torch.cuda.is_available()
+    return f"cuda:{torch.cuda.current_device()}" if shared else device
