@@ -103,7 +103,7 @@ class GridRuns:
 
 def run_grid(
     pipeline: Pipeline,
-    store: Store,
+    store: Store | None,
     grid: Grid,
     clips: list[Clip],
     repeats: int = REPEATS,
@@ -113,11 +113,12 @@ def run_grid(
     peaks pass (once), unless the store holds them: the timed runs all from one batch, the untimed peaks pass from
     any. What it decodes it stores as one batch, clip by clip, completing the batch an interrupted run left; where the
     store refuses it (StoreError), the decodes are kept all the same, their runs without ids and the reason in
-    `not_stored`. Ctrl-C is a GridInterrupted. progress: the bar class that reports the decodes (tqdm's interface)."""
+    `not_stored`; without a store (None: it did not open) it decodes everything and stores nothing. Ctrl-C is a
+    GridInterrupted. progress: the bar class that reports the decodes (tqdm's interface)."""
     cells = {settings: pipeline.resolved(settings) for settings in grid.cells()}
     baseline, peaks = pipeline.resolved(grid.baseline()), pipeline.resolved(grid.peaks())
     timed = [baseline, *dict.fromkeys(cells.values()), baseline]  # the copy last, away from the baseline
-    held = store.decoded(COMMAND)
+    held = store.decoded(COMMAND) if store is not None else []
     timed_ids = _held_batch(held, timed, _decodes(clips, repeats)) or [None] * len(timed)
     ids = [*timed_ids, _latest(held, peaks, _decodes(clips, 1))]
     decodes = {i: store.traces(run_id) for i, run_id in enumerate(ids) if run_id is not None}  # the reused runs'
@@ -156,7 +157,7 @@ class Resumed:
 
 def _complete(
     pipeline: Pipeline,
-    store: Store,
+    store: Store | None,
     batch: Resumed,
     slots: list[tuple[Settings, int]],
     clips: list[Clip],
@@ -165,7 +166,7 @@ def _complete(
 ) -> tuple[list[str | None], list[list[Trace]], list[str]]:
     """Decode the clips the batch lacks, storing each clip's decodes of every slot as the clip is done. Returns each
     slot's run id (None unless the batch holds every clip), its traces over all clips in their order (the stored
-    ones read back), and why the store refused them where it did."""
+    ones read back), and why the store refused them where it did; without a store, no ids and no reasons."""
     by_clip = {clip.hash: [[] for _ in slots] for clip in clips}
     for slot, run_id in enumerate(batch.into.run_ids if batch.stored else ()):
         for trace in store.traces(run_id):
@@ -174,16 +175,20 @@ def _complete(
     try:
         for clip, traces in _decode_interleaved(pipeline, slots, clips, batch.stored, progress):
             by_clip[clip.hash] = traces
-            if refused is None:
+            if store is not None and refused is None:
                 try:
                     store.write_runs([(t, list(range(len(t)))) for t in traces], COMMAND, into=batch.into)
                     stored.add(clip.hash)
                 except StoreError as error:
                     refused = " ".join(str(error).split())
     except KeyboardInterrupt:
+        if store is None:
+            raise GridInterrupted("nothing stored: the store did not open") from None
         kept = f"{len(stored)} of {len(by_clip)} clips stored in batch {batch.into.batch}"
         raise GridInterrupted(f"{kept}; run the same command again to decode the rest") from None
     traces = [[t for clip in by_clip.values() for t in clip[slot]] for slot in range(len(slots))]
+    if store is None:
+        return [None] * len(slots), traces, []
     if refused is None:
         return list(batch.into.run_ids), traces, []
     held = f"stored for {len(stored)} of {len(by_clip)} clips" if stored else "not stored"

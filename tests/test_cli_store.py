@@ -2,6 +2,7 @@
 runs command repairs and exports a store without surprises."""
 
 import json
+import os
 
 import pytest
 from test_experiments import hand_trace
@@ -109,6 +110,32 @@ def test_an_experiment_on_a_full_disk_prints_and_saves_its_tables(capsys, monkey
     out, err = capsys.readouterr()
     assert "Cells (Tables 1, 2, 3, 6)" in out and "greedy run (not stored)" in out and out_file.read_text() == out
     assert err.splitlines()[-1].startswith(NOT_STORED) and "No space left on device" in err
+
+
+def test_an_experiment_whose_store_cannot_open_prints_its_tables_first(capsys, sample_clips, tmp_path):
+    folder_as_store = tmp_path / "runs.duckdb"  # a folder where the store file should be: DuckDB cannot open it
+    folder_as_store.mkdir()
+    argv = ["experiment", "--clips", "1", "--draft", "random", "--k", "2", "--repeats", "1"]
+    assert main([*argv, "--db", str(folder_as_store)]) == 1
+    out, err = capsys.readouterr()
+    assert "Cells (Tables 1, 2, 3, 6)" in out and "greedy run (not stored)" in out
+    assert err.splitlines()[-1].startswith(f"{NOT_STORED}{folder_as_store}: ") and "Traceback" not in err
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_an_experiment_on_a_read_only_store_prints_its_tables_first(capsys, sample_clips, tmp_path):
+    folder = tmp_path / "readonly"
+    folder.mkdir()
+    folder.chmod(0o555)
+    argv = ["experiment", "--clips", "1", "--draft", "random", "--k", "2", "--repeats", "1", "--json"]
+    try:
+        assert main([*argv, "--db", str(folder / "runs.duckdb")]) == 1
+    finally:
+        folder.chmod(0o755)
+    out, err = capsys.readouterr()
+    assert json.loads(out)["baseline_run"] is None
+    last = err.splitlines()[-1]
+    assert last.startswith(f"{NOT_STORED}{folder / 'runs.duckdb'}: ") and "no permission to write" in last
 
 
 def _store_with_a_run(path) -> tuple[Store, str]:

@@ -85,6 +85,14 @@ def test_an_interrupted_grid_keeps_its_finished_clips_and_resumes_to_the_same_ta
     assert run_grid(idle, store, GRID, clips, repeats=1) == runs and idle.decoded == []
 
 
+def test_a_grid_without_a_store_decodes_every_clip_and_its_interrupt_says_nothing_was_kept(clips):
+    runs = run_grid(Pipeline(), None, GRID, clips, repeats=1)  # the store did not open: the CLI tells why
+    assert (runs.baseline, runs.peaks, runs.not_stored) == (None, None, [])
+    assert [t.clip_id for t in runs.traces.baseline] == [clip.id for clip in clips]
+    with pytest.raises(GridInterrupted, match=r"^nothing stored: the store did not open$"):
+        run_grid(CountingPipeline(None, stop=WARM_UP + 1), None, GRID, clips, repeats=1)
+
+
 def test_a_store_from_before_clip_by_clip_batches_is_migrated_and_its_batches_count_as_whole(tmp_path):
     path = tmp_path / "old.duckdb"
     with duckdb.connect(str(path)) as con:

@@ -20,12 +20,11 @@ from specasr.cli.options import (
     settings,
     trees,
 )
-from specasr.cli.output import Report, json_value, not_stored, records
+from specasr.cli.output import Report, RunStore, json_value, records
 from specasr.experiments import PROTOCOL, REPEATS, Grid, run_grid
 from specasr.intervals import aa_verdict, aa_warning, unreliable_mark
 from specasr.pipeline import Pipeline
 from specasr.report import AGGREGATION, repetition_note, tables
-from specasr.store import Store
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -49,9 +48,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     report, grid = Report(out_file(args, data_files(str(args.data)))), _grid(args)
     clips, sets = evaluation_clips(args)
-    store = Store(args.db)  # the grid reuses runs it holds: one that will not open stops the grid before any work
-    runs = run_grid(Pipeline(store), store, grid, clips, args.repeats)
-    found = tables(store, runs, sets, args.aa_tolerance)
+    kept = RunStore(args.db)  # the grid reuses and completes the batches it holds; without it, decodes them all
+    runs = run_grid(Pipeline(kept.store), kept.store, grid, clips, args.repeats)
+    found = tables(kept.store, runs, sets, args.aa_tolerance)  # from the decodes in `runs`: no store needed
     aggregation = f"{sets.rule}; {AGGREGATION}"
     best = found.cells.loc[found.cells.decode_speedup.idxmax()]
     warnings = {"aa_warning": aa_warning(found.aa), "timing_note": repetition_note(args.repeats)}
@@ -66,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         _print_tables(report, args, clips, runs, found, aggregation, best)
         report.warn(*warnings.values())
     report.save()
-    return max(int(report.failed), not_stored(store.path, runs.not_stored))
+    return max(int(report.failed), kept.finish(runs.not_stored))
 
 
 def _print_tables(report: Report, args: argparse.Namespace, clips, runs, found, aggregation: str, best) -> None:

@@ -3,7 +3,7 @@ copy that cannot be kept (the file's, the store's) is told in one line on stderr
 the result itself is never lost."""
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -68,9 +68,10 @@ class RunStore:
             self.failure = error
             return None
 
-    def finish(self) -> int:
-        """The command's status once its result is out: 1, told on stderr, where the store could not keep it."""
-        return not_stored(self.path, [] if self.failure is None else [str(self.failure)])
+    def finish(self, refused: Sequence[str] = ()) -> int:
+        """The command's status once its result is out: 1, told on stderr, where the store could not keep it (did
+        not open, failed a write, or refused the writes the command lists in `refused`)."""
+        return not_stored(self.path, [*([] if self.failure is None else [str(self.failure)]), *refused])
 
 
 def not_stored(path: Path, reasons: list[str]) -> int:
