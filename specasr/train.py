@@ -19,6 +19,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
@@ -285,8 +287,9 @@ def distributed() -> tuple[int, int]:
     """(rank, world size): several processes under torchrun, else one. Where CUDA is, each process takes the GPU
     of its LOCAL_RANK and CUDA tensors go through NCCL; CPU tensors always go through gloo."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
-        if torch.cuda.is_available():
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        if local_rank < torch.cuda.device_count():
+            torch.cuda.set_device(local_rank)
         dist.init_process_group("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo")
     return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
 
@@ -376,7 +379,7 @@ def train(
         if rank == 0:
             with atomic_directory(out / "resume") as scratch:
                 save_draft(draft, scratch, dtype=torch.float32)
-                torch.save({"epoch": epoch + 1, "optimizer": optimizer.state_dict()}, scratch / "state.pt")
+                save_optimizer(optimizer, epoch + 1, scratch / "optimizer.safetensors")
             if every_epoch:
                 stopped = replace(draft.config, training={**settings, "stopped_after": epoch + 1})
                 save_draft(draft, out / f"epoch-{epoch + 1}", config=stopped)
@@ -410,14 +413,31 @@ def _to(batch: Batch, device: torch.device) -> Batch:
     return Batch(**{f.name: getattr(batch, f.name).to(device) for f in fields(batch)})
 
 
+def save_optimizer(optimizer: torch.optim.Optimizer, epoch: int, path: Path) -> None:
+    """The optimizer's state as safetensors (never pickle), its settings and the epochs done as JSON metadata."""
+    state = optimizer.state_dict()
+    tensors = {f"{index}.{name}": value for index, slots in state["state"].items() for name, value in slots.items()}
+    save_file(tensors, path, metadata={"epoch": str(epoch), "param_groups": json.dumps(state["param_groups"])})
+
+
+def load_optimizer(optimizer: torch.optim.Optimizer, path: Path) -> int:
+    """Restore what save_optimizer wrote; the epochs it had done."""
+    with safe_open(path, "pt") as f:
+        metadata = f.metadata()
+    state = {}
+    for key, value in load_file(path).items():
+        index, name = key.split(".", 1)
+        state.setdefault(int(index), {})[name] = value
+    optimizer.load_state_dict({"state": state, "param_groups": json.loads(metadata["param_groups"])})
+    return int(metadata["epoch"])
+
+
 def _resume(draft: Draft, optimizer: torch.optim.Optimizer, folder: Path, target, settings: dict) -> int:
     """Continue from the last finished epoch of an identical run; 0 when there is none."""
-    if not (folder / "state.pt").is_file():
+    if not (folder / "optimizer.safetensors").is_file():
         return 0
     saved = load_draft(folder, target)
     if saved.config.training != settings:
         raise ValueError(f"{folder} holds a run with other settings; remove it or train into another folder")
     draft.load_state_dict(saved.state_dict())
-    state = torch.load(folder / "state.pt", weights_only=True)
-    optimizer.load_state_dict(state["optimizer"])
-    return state["epoch"]
+    return load_optimizer(optimizer, folder / "optimizer.safetensors")
