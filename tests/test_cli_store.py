@@ -3,6 +3,8 @@ runs command repairs and exports a store without surprises."""
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 from test_experiments import hand_trace
@@ -36,9 +38,37 @@ def test_a_decode_on_a_full_disk_still_prints_its_record(capsys, monkeypatch, sa
     db = tmp_path / "runs.duckdb"
     assert main(["decode", str(sample_clips[0].path), "--draft", "random", "--json", "--db", str(db)]) == 1
     out, err = capsys.readouterr()
-    record = json.loads(out)
-    assert record["run_id"] is None and "cooler judgment" in record["text"]
+    record = json.loads(out)  # printed before the write: it names the id the run was to be stored under
+    assert "cooler judgment" in record["text"] and record["run_id"] not in Store(db).runs().run_id.tolist()
     assert err.splitlines()[-1] == f"{NOT_STORED}{db}: IO Error: could not write to the file: No space left on device"
+
+
+KILLED_AFTER_THE_COMMIT = """
+import os, sys
+from specasr.cli import main
+from specasr.store import Store
+
+write_runs = Store.write_runs
+
+
+def write_then_die(self, *args, **kwargs):
+    write_runs(self, *args, **kwargs)
+    os._exit(137)  # killed right after the commit: what stdout still buffers is lost
+
+
+Store.write_runs = write_then_die
+main(sys.argv[1:])
+"""
+
+
+def test_a_json_decode_killed_after_its_commit_has_printed_its_record(sample_clips, tmp_path):
+    db = tmp_path / "runs.duckdb"
+    argv = ["decode", str(sample_clips[0].path), "--draft", "random", "--k", "2", "--json", "--db", str(db)]
+    command = [sys.executable, "-c", KILLED_AFTER_THE_COMMIT, *argv]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)  # stdout a pipe: block-buffered
+    assert done.returncode == 137, done.stderr[-2000:]
+    record = json.loads(done.stdout)
+    assert "cooler judgment" in record["text"] and Store(db).runs().run_id.tolist() == [record["run_id"]]
 
 
 def test_a_bench_on_a_full_disk_prints_and_saves_its_tables(capsys, monkeypatch, speech, tmp_path):

@@ -1,4 +1,5 @@
-"""decode: the speculative transcript of one clip with its trace, printed, then kept in the store."""
+"""decode: the speculative transcript of one clip with its trace, printed (the JSON record naming the run id it is
+stored under), then kept in the store."""
 
 import argparse
 import json
@@ -15,6 +16,7 @@ from specasr.cli.options import (
 from specasr.cli.output import RunStore
 from specasr.metrics import acceptance, anchor_error_by_depth
 from specasr.pipeline import Pipeline
+from specasr.store import ClipBatch
 from specasr.trace import Trace
 
 
@@ -32,12 +34,10 @@ def run(args: argparse.Namespace) -> int:
     asked, decoded = settings(args, args.draft), clip(args.audio, args)
     kept = RunStore(args.db, wanted=not args.no_store)
     trace = checked(Pipeline(kept.store).decode, clip=decoded, settings=asked)
-    if args.json:  # the record names its run: stored first, printed whatever the store did
-        run_id = kept.write(lambda store: store.write_run([trace], "decode"))
-        print(json.dumps(record(trace, run_id)))
-    else:
-        print(trace.text)
-        kept.write(lambda store: store.write_run([trace], "decode"))
+    batch = ClipBatch.new(runs=1, clips=0)  # the run's id, known before it is stored: the record names it
+    run_id = batch.run_ids[0] if kept.store is not None else None
+    print(json.dumps(record(trace, run_id)) if args.json else trace.text, flush=True)  # out before the store write
+    kept.write(lambda store: store.write_runs([([trace], None)], "decode", into=batch))
     return kept.finish()
 
 
