@@ -327,7 +327,8 @@ def train(
 ) -> Draft:
     """Train one draft on cached examples and save it (and a resumable state) in `out` after every epoch, and with
     `every_epoch` each epoch's draft in out/epoch-N too. `data_hash` and `sources` (each data source's settings) are
-    recorded in the checkpoint with the config."""
+    recorded in the checkpoint with the config. Under torchrun each process trains on its share of every batch
+    (epoch_batches) and only the first writes."""
     rank, world = distributed()
     check_global_batch(config.batch_size, world)
     device = target.device

@@ -83,7 +83,8 @@ def test_two_processes_train_the_draft_one_process_trains_with_the_same_global_b
     monkeypatch.setenv("SPECASR_CACHE", str(cache))
     fill_feature_cache(target_folder, cache)
     train = ["-m", "specasr", "train", "--target", str(target_folder), "--real", str(CLIPS), "--espeak", "0"]
-    train += ["--hibari", "0", "--epochs", "2", "--batch-size", "4", "--unroll", "2", "--draft-vocab", "0"]
+    # Batches of 3, 3 and 2 of the 8 examples: shares of 2 and 1 examples, then 1 and 1.
+    train += ["--hibari", "0", "--epochs", "2", "--batch-size", "3", "--unroll", "2", "--draft-vocab", "0"]
     train += ["--sigma-ms", "160", "--seed", "1"]
     torchrun(*train, "--out", str(tmp_path / "two"), cache=cache, processes=2)
     torchrun(*train, "--out", str(tmp_path / "one"), cache=cache, processes=1)
@@ -91,15 +92,15 @@ def test_two_processes_train_the_draft_one_process_trains_with_the_same_global_b
     # The float32 weights of the last epoch; the final draft is the same in float16.
     two = load_file(tmp_path / "two" / "resume" / "draft.safetensors")
     one = load_file(tmp_path / "one" / "resume" / "draft.safetensors")
-    torch.testing.assert_close(without_key_biases(two), without_key_biases(one), rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(without_key_biases(two), without_key_biases(one), rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(two, one, rtol=0, atol=1e-4)
     target = load_target(str(target_folder))
     config = load_draft(tmp_path / "two", target).config
-    assert config.training["batch_size"] == 4 and config.training["examples"] == CLIPS
+    assert config.training["batch_size"] == 3 and config.training["examples"] == CLIPS
     torch.manual_seed(1)  # train's seed: the draft's initialisation
     start = Draft(config).state_dict()
     moved = max((two[name] - start[name]).abs().max().item() for name in two)
-    assert 0 < moved < 0.01  # four AdamW steps of lr 1e-3 from the same start
+    assert 0 < moved < 0.01  # six AdamW steps of lr 1e-3 at most from the same start
 
 
 def counting_source(name: str, count: int) -> Source:

@@ -36,7 +36,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     add_target_options(p)
     p.add_argument("--variant", default="anchordraft", choices=list(VARIANTS))
     p.add_argument("--epochs", type=number(int, 1), default=20)
-    p.add_argument("--batch-size", type=number(int, 1), default=12)
+    p.add_argument(
+        "--batch-size", type=number(int, 1), default=12, help="the global batch: under torchrun N processes share it"
+    )
     p.add_argument("--lr", type=number(float, 0, above=True), default=1e-3)
     p.add_argument("--unroll", type=number(int, 1), default=3, help="draft depths trained per position")
     p.add_argument("--taps", type=layers, default=None, help="target layers the draft reads, e.g. 3,6")
