@@ -72,6 +72,7 @@ SIDEBAR_KEYS += ("runtime_layer", "threshold", "tree_width", "tree_nodes", "long
 URL_SETTINGS = {"target": str, "device": str, "dtype": str, "draft": str, "window": str, "k": int, "threshold": float}
 URL_SETTINGS |= {"tree_width": int, "tree_nodes": int}
 MOST_K = 16
+DEFAULT = Settings()  # the sidebar starts from the settings a decode takes unless told
 MOST_TREE_NODES = candidate_count(MOST_K, MOST_TREE_WIDTH)
 LEFT_TO_THE_DECODE = {"runtime_layer": -1, "tree_nodes": 0}  # a number widget's value for a setting's None
 
@@ -174,12 +175,14 @@ def settings_sidebar(windows: bool = True) -> Settings:
     dtype = select(bar, "Target dtype", list(DTYPES), key="dtype")
     draft = select(bar, "Draft", [*shipped_drafts(target), "random", "random-no-audio"], key="draft")
     draft_dtype = select(bar, "Draft dtype", [AS_TARGET, *DTYPES], key="draft_dtype", help="float16 is faster on CPU")
-    k = bar.slider("K (most proposals per round)", 1, MOST_K, 4, key="k")
+    k = bar.slider("K (most proposals per round)", 1, MOST_K, DEFAULT.k, key="k")
     width, nodes = tree_controls(bar, k)
     window = select(bar, "Draft attention window", list(WINDOWS), key="window") if windows else "unrestricted"
-    half_width = bar.number_input("Window half-width (ms)", 20.0, 5000.0, 400.0, step=20.0, key="half_width")
+    half_width = bar.number_input(
+        "Window half-width (ms)", 20.0, 5000.0, DEFAULT.half_width_ms, step=20.0, key="half_width"
+    )
     layer = bar.number_input("Runtime layer (-1: the target's)", -1, 63, -1, key="runtime_layer")
-    threshold = bar.slider("Confidence threshold", 0.0, 0.95, 0.0, step=0.05, key="threshold")
+    threshold = bar.slider("Confidence threshold", 0.0, 0.95, DEFAULT.threshold, step=0.05, key="threshold")
     longest = bar.number_input("Longest clip (minutes)", 0.5, 120.0, DEFAULT_MAX_SECONDS / 60, step=0.5, key="longest")
     st.session_state["sidebar"] = {key: st.session_state[key] for key in SIDEBAR_KEYS if key in st.session_state}
     try:
