@@ -47,7 +47,7 @@ def target_folder(tmp_path) -> Path:
     return folder
 
 
-def fill_feature_cache(folder: Path, cache: Path) -> None:
+def fill_feature_cache(folder: Path) -> None:
     """The cache `train --real CLIPS` reads: the target's states over random transcripts of different lengths, so
     that the two processes' shares of a batch hold different numbers of tokens (no audio is decoded here)."""
     target = load_target(str(folder))
@@ -81,7 +81,7 @@ def test_two_processes_train_the_draft_one_process_trains_with_the_same_global_b
         pytest.skip(f"train --real reads the manifest of {TRAIN_SPEECH_DIR}")
     cache = tmp_path / "cache"
     monkeypatch.setenv("SPECASR_CACHE", str(cache))
-    fill_feature_cache(target_folder, cache)
+    fill_feature_cache(target_folder)
     train = ["-m", "specasr", "train", "--target", str(target_folder), "--real", str(CLIPS), "--espeak", "0"]
     # Batches of 3, 3 and 2 of the 8 examples: shares of 2 and 1 examples, then 1 and 1.
     train += ["--hibari", "0", "--epochs", "2", "--batch-size", "3", "--unroll", "2", "--draft-vocab", "0"]
