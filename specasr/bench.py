@@ -5,15 +5,15 @@ of our first greedy loop timed beside them: the A/A check."""
 import statistics
 from dataclasses import asdict, dataclass, field, replace
 
-import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
 from specasr.audio import Clip
 from specasr.graphs import StepCost, compiled_graphs
-from specasr.intervals import AA_TOLERANCE, aa_table, timed_ratio
+from specasr.intervals import AA_TOLERANCE, Interval, aa_table
 from specasr.metrics import acceptance, loop_costs, passes_per_round, predicted_round_speedup, rho
 from specasr.pipeline import Pipeline
+from specasr.pooled import arm_columns, clip_results, speeds
 from specasr.precision import token_agreement
 from specasr.store import Store
 from specasr.trace import Settings, Trace
@@ -37,9 +37,9 @@ class ArmResult:
     def of_clip(self, clip_hash: str) -> list[Trace]:
         return [t for t in self.traces if t.clip_hash == clip_hash]
 
-    def seconds(self, clip_hashes: list[str], phase: str) -> np.ndarray:
-        """(clips, repetitions) seconds of one phase, repetition r in column r."""
-        return np.array([[getattr(t.timings, phase) for t in self.of_clip(h)] for h in clip_hashes])
+    def speeds(self, baseline: "ArmResult") -> dict[str, Interval]:
+        """The baseline's time over this arm's, per phase, with its interval (pooled.speeds)."""
+        return speeds(arm_columns(clip_results(baseline.traces, self.traces)))
 
 
 @dataclass
@@ -55,9 +55,6 @@ class ClipTiming:
     decode: float
     total: float
     same_tokens: bool  # every repetition decoded the baseline's tokens
-
-
-PHASES = ("decode", "total")
 
 
 def _median(traces: list[Trace], phase: str) -> float:
@@ -159,14 +156,14 @@ def _check_against_float32(
 
 def summary(table: pd.DataFrame, results: dict[str, ArmResult]) -> pd.DataFrame:
     """One row per arm: speedups over the baseline, the fastest greedy loop of ours (median over clips, and pooled
-    over time with its 95% interval over clips and the repetitions within each, paired with the baseline's,
-    metrics.timed_ratio), seconds per clip, decode-phase tokens per second and milliseconds per token, clips with the
-    baseline's tokens and, for speculative arms, acceptance, rho (a draft pass over a verification, in the loop), the
-    cost model's decode speedup (1 + L) / (v(N) + K rho(W)), to hold against the measured one: v(N) a verification of
-    the arm's N nodes and rho(W) a draft pass over its frontier of W rows, each timed alone in target steps of one
-    row (profiling.pass_costs), K the rounds' mean draft passes; and what the model leaves out: a verification pass
-    in the loop in greedy steps, the share of the decode phase outside draft and verification passes, and the
-    model's speedup with that share put back.
+    over time with its 95% interval, paired with the baseline's, taken as every speed figure is: pooled.speeds),
+    seconds per clip, decode-phase tokens per second and milliseconds per token, clips with the baseline's tokens
+    and, for speculative arms, acceptance, rho (a draft pass over a verification, in the loop), the cost model's
+    decode speedup (1 + L) / (v(N) + K rho(W)), to hold against the measured one: v(N) a verification of the arm's N
+    nodes and rho(W) a draft pass over its frontier of W rows, each timed alone in target steps of one row
+    (profiling.pass_costs), K the rounds' mean draft passes; and what the model leaves out: a verification pass in
+    the loop in greedy steps, the share of the decode phase outside draft and verification passes, and the model's
+    speedup with that share put back.
 
     Where an arm decodes with static steps (a greedy step, or a round's drafting and verification): each step's
     device time alone and the kernels it launches (graphs.step_costs), the decode phase's wall time per step (per
@@ -181,7 +178,6 @@ def summary(table: pd.DataFrame, results: dict[str, ArmResult]) -> pd.DataFrame:
     """
     baseline = table.baseline.iloc[0]
     greedy = results[baseline].traces
-    clip_hashes = _clip_hashes(results[baseline])
     rows = []
     for name, runs in table.groupby("arm", sort=False):
         result = results[name]
@@ -200,8 +196,7 @@ def summary(table: pd.DataFrame, results: dict[str, ArmResult]) -> pd.DataFrame:
             "ms_per_token": 1000 * decode / tokens,
             "same_tokens_clips": int(runs.same_tokens.sum()),
         }
-        for phase in PHASES:
-            pooled = timed_ratio(results[baseline].seconds(clip_hashes, phase), result.seconds(clip_hashes, phase))
+        for phase, pooled in result.speeds(results[baseline]).items():
             row |= {f"{phase}_speedup_low": pooled.low, f"{phase}_speedup_high": pooled.high}
         if result.float32_agreement is not None:
             row |= dict(zip(("float32_token_agreement", "float32_same_clips"), result.float32_agreement, strict=True))
@@ -237,16 +232,7 @@ def aa_check(results: dict[str, ArmResult], tolerance: float = AA_TOLERANCE) -> 
     """The A/A check (intervals.aa_table): the copied greedy arm's time over its copy's, per phase, with its interval
     over clips. Where it excludes 1 or reaches past 1 +- tolerance, the bench's speed figures are unreliable."""
     copy = next(result for result in results.values() if result.copy_of is not None)
-    original = results[copy.copy_of]
-    clip_hashes = _clip_hashes(original)
-    ratios = {
-        phase: timed_ratio(original.seconds(clip_hashes, phase), copy.seconds(clip_hashes, phase)) for phase in PHASES
-    }
-    return aa_table(ratios, tolerance).assign(arm=copy.copy_of)
-
-
-def _clip_hashes(result: ArmResult) -> list[str]:
-    return list(dict.fromkeys(t.clip_hash for t in result.traces))
+    return aa_table(copy.speeds(results[copy.copy_of]), tolerance).assign(arm=copy.copy_of)
 
 
 def store_results(store: Store, results: dict[str, ArmResult], command: str) -> dict[str, str]:

@@ -108,8 +108,11 @@ def pooled_bootstrap(
     The `repeated` columns hold timing repetitions, (utterances, repetitions): an utterance counts the median of
     its repetitions, and draws resample utterances only. Resampling the repetitions too, and taking the median of
     each resample, widens the interval far past the estimate's spread where a few repetitions are slow
-    (tests/test_timing.py simulates it); run-to-run noise is the A/A check's to measure (aa_verdict).
+    (tests/test_timing.py simulates it); run-to-run noise is the A/A check's to measure (aa_verdict). Of a single
+    utterance, whose resamples are all alike, the draws resample its repetitions instead, the same ones in every
+    repeated column (repetition r of every arm was timed side by side), each draw the statistic of their medians.
     """
+    timed = arms
     arms = [{name: np.median(c, axis=1) if name in repeated else c for name, c in arm.items()} for arm in arms]
     sizes = {len(column) for arm in arms for column in arm.values()}
     if len(sizes) != 1 or not (n := sizes.pop()):
@@ -134,6 +137,8 @@ def pooled_bootstrap(
         estimate = float(per_stratum[defined].mean())
         if not draws:
             return Interval(estimate, estimate, estimate)
+        if n == 1 and repeated:
+            return _interval(estimate, _repetition_draws(statistic, timed, repeated, draws, rng), draws, level)
         values = []
         kept = np.flatnonzero(defined)
         slots = len(kept) if resample_strata else 1
@@ -147,26 +152,40 @@ def pooled_bootstrap(
                     continue
                 taken.append(per_stratum[np.arange(size), rng.integers(0, len(kept), size=size)])
             values.append(np.mean(taken, axis=0))
-    values = np.concatenate(values)
+    return _interval(estimate, np.concatenate(values), draws, level)
+
+
+def _repetition_draws(
+    statistic: Callable[..., np.ndarray],
+    arms: list[dict[str, np.ndarray]],
+    repeated: Collection[str],
+    draws: int,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """The statistic of one utterance in each draw of its repetitions, paired across the repeated columns."""
+    counts = {column.shape[1] for arm in arms for name, column in arm.items() if name in repeated}
+    if len(counts) != 1:
+        raise ValueError(f"the repeated columns must hold as many repetitions each, got {sorted(counts)}")
+    count = counts.pop()
+    taken = rng.integers(0, count, size=(draws, count))
+    sums = [
+        {
+            name: np.median(c[0][taken], axis=1)[:, None] if name in repeated else np.broadcast_to(c, (draws, *c.shape))
+            for name, c in arm.items()
+        }
+        for arm in arms
+    ]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return statistic(*sums)[:, 0]
+
+
+def _interval(estimate: float, values: np.ndarray, draws: int, level: float) -> Interval:
+    """The percentile interval of the draws where the statistic is defined (an error where most are not)."""
     values = values[np.isfinite(values)]
     if len(values) * 2 < draws:
         raise ValueError(f"statistic undefined in {draws - len(values)} of {draws} draws")
     low, high = np.quantile(values, [(1 - level) / 2, (1 + level) / 2])
     return Interval(estimate, float(low), float(high))
-
-
-def timed_ratio(
-    numerator: np.ndarray, denominator: np.ndarray, draws: int = 10_000, seed: int = 0, level: float = 0.95
-) -> Interval:
-    """Total time over total time of two arms timed side by side, from their (clips, repetitions) seconds, each clip
-    its median over repetitions: a speedup (baseline over candidate) or an A/A ratio. The interval resamples clips,
-    the same in both arms (pooled_bootstrap); of one clip, its repetitions, paired (repetition r of both arms was
-    timed side by side), each draw the ratio of their medians."""
-    if len(numerator) == 1 and draws:
-        repetitions = [list(numerator[0]), list(denominator[0])]
-        return bootstrap(lambda a, b: float(np.median(a) / np.median(b)), repetitions, draws, seed, level)
-    arms = [{"seconds": np.asarray(numerator, float)}, {"seconds": np.asarray(denominator, float)}]
-    return pooled_bootstrap(lambda a, b: a["seconds"] / b["seconds"], arms, draws, seed, level, repeated={"seconds"})
 
 
 AA_TOLERANCE = 0.03  # how far from 1 the A/A interval may reach before speed tables are unreliable

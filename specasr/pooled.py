@@ -5,8 +5,8 @@ Aggregation as in the paper where the evaluation sets allow it: every metric is 
 of at least MIN_SET_CLIPS clips are weighted equally (`weighting`). Within a set, acceptance is pooled over the rounds
 of each cell's first repetition (every repetition decodes the same tokens) and speed is total time over total time of
 each clip's median over repetitions. Intervals are paired bootstrap percentile intervals: the same clips in both
-arms, clips resampled within their set, and the sets themselves resampled too unless the intervals condition on them.
-Repetition noise is the A/A check's to measure (intervals.aa_verdict)."""
+arms, clips resampled within their set, and the sets themselves resampled too unless the intervals condition on them
+(one clip: its repetitions). Repetition noise is the A/A check's to measure (intervals.aa_verdict)."""
 
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -168,7 +168,8 @@ METRICS: dict[str, Callable[[dict[str, np.ndarray]], np.ndarray]] = {
     "decode_speedup": lambda sums: sums["greedy_decode"] / sums["decode"],
     "total_speedup": lambda sums: sums["greedy_total"] / sums["total"],
 }
-SPEEDS = ("decode_speedup", "total_speedup")
+PHASES = ("decode", "total")
+SPEEDS = tuple(f"{phase}_speedup" for phase in PHASES)
 TIMINGS = ("decode", "total", "greedy_decode", "greedy_total", "draft", "verify")  # columns of clips x repetitions
 
 
@@ -196,6 +197,12 @@ def bootstrap_interval(statistic: Callable[..., np.ndarray], columns: Columns, t
     return pooled_bootstrap(
         statistic, arms, DRAWS, SEED, strata=columns.strata, resample_strata=columns.resample_sets, repeated=repeated
     )
+
+
+def speeds(columns: Columns) -> dict[str, Interval]:
+    """Decode-phase and end-to-end time of the baseline over the arm's, each with its interval: the one way every
+    speed figure is taken (bench and experiments, and the A/A checks of both)."""
+    return {phase: bootstrap_interval(METRICS[f"{phase}_speedup"], columns) for phase in PHASES}
 
 
 def point_estimate(metric: Callable[..., np.ndarray], columns: Columns) -> float | None:

@@ -37,6 +37,7 @@ from specasr.pooled import (
     point_estimate,
     restart_errors,
     shared_clips,
+    speeds,
     survival,
 )
 from specasr.store import Store
@@ -87,8 +88,7 @@ class Cell:
 
 def cell(settings: Settings, run_id: str | None, results: list[ClipResult]) -> Cell:
     columns = arm_columns(results)
-    decode = bootstrap_interval(METRICS["decode_speedup"], columns)
-    total = bootstrap_interval(METRICS["total_speedup"], columns)
+    decode, total = speeds(columns).values()
     return Cell(
         draft=draft_label(settings.draft),
         window=settings.window,
@@ -365,9 +365,7 @@ def aa_check(
     """The A/A check (intervals.aa_table): the greedy baseline's time over its second copy's, decoded beside it in
     the same batch, per phase, taken and resampled like every cell's speed. Where its interval excludes 1 or reaches
     past 1 +- tolerance, the grid's speed figures are unreliable."""
-    columns = arm_columns(clip_results(baseline, second, weights))
-    ratios = {phase: bootstrap_interval(METRICS[f"{phase}_speedup"], columns) for phase in ("decode", "total")}
-    return aa_table(ratios, tolerance)
+    return aa_table(speeds(arm_columns(clip_results(baseline, second, weights))), tolerance)
 
 
 def repetition_note(repeats: int) -> str | None:

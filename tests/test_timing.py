@@ -15,10 +15,16 @@ from specasr.intervals import (
     aa_warning,
     pooled_bootstrap,
     pooled_estimate,
-    timed_ratio,
 )
+from specasr.pooled import METRICS, TIMINGS
 from specasr.report import repetition_note, tables
 from specasr.store import Store
+
+
+def timed_ratio(baseline: np.ndarray, arm: np.ndarray, draws: int) -> Interval:
+    """A speed interval as bench and experiments take it, from two arms' (clips, repetitions) seconds."""
+    columns = {"greedy_decode": baseline, "decode": arm}
+    return pooled_bootstrap(METRICS["decode_speedup"], [columns], draws, repeated=TIMINGS)
 
 
 def clip_lengths(rng: np.random.Generator, clips: int = 40) -> np.ndarray:
@@ -195,3 +201,18 @@ def test_an_experiment_stored_before_the_aa_check_has_none(tmp_path):
 def test_too_few_repetitions_are_said():
     assert repetition_note(1) == "one timing repetition per clip: a clip's time is one run, stalls included"
     assert "under 5" in repetition_note(3) and repetition_note(5) is None
+
+
+def test_one_clip_of_a_pooled_metric_takes_its_interval_from_its_repetitions_paired():
+    """The experiments' path (columns of a cell, evaluation sets, acceptance columns beside the timings) gives one
+    clip the interval of its repetitions too, not the point it would be if the one clip were resampled."""
+    columns = {"greedy": np.array([[1.0, 1.0, 1.0]]), "decode": np.array([[1.0, 2.0, 4.0]]), "rounds": np.ones(1)}
+    found = pooled_bootstrap(
+        lambda sums: sums["greedy"] / sums["decode"],
+        [columns],
+        draws=4000,
+        strata=["a set"],
+        resample_strata=True,
+        repeated={"greedy", "decode"},
+    )
+    assert found == Interval(0.5, 0.25, 1.0)
