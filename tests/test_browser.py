@@ -120,6 +120,7 @@ def test_a_user_decodes_a_clip_and_visits_every_page(server, sample_clips):
         page.frame_locator("iframe").first.locator(".js-plotly-plot").wait_for()  # the drift plot with its player
         assert "Not timed" in page.inner_text("body")  # Run decodes; timing waits for its own button
         page.get_by_role("button", name="Time it").click()
+        page.get_by_text(re.compile(r"^timed: \d+ of \d+ decodes · ")).wait_for()  # its progress, while it times
         page.get_by_text("Decode-phase speedup").wait_for()
         settle(page)
         text = page.inner_text("body")
@@ -183,6 +184,7 @@ def test_a_77_second_clips_plots_show_one_window_at_a_time_and_fit_the_screen(se
         page.set_input_files("input[type=file]", str(clip))
         page.get_by_text("seventy-seven.wav").wait_for()
         page.get_by_role("button", name="Run", exact=True).click()
+        page.get_by_text(re.compile(r"^round \d+: .* tokens so far · window \d of 3, ")).first.wait_for()  # progress
         page.get_by_text("L (accepted per round)").wait_for()
         settle(page)
         drift = page.frame_locator("iframe").first.locator(".js-plotly-plot")
