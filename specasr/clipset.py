@@ -25,8 +25,7 @@ from specasr.dataset import Utterance, load_utterances
 from specasr.metrics import acceptance, word_error_rate
 from specasr.pipeline import Pipeline
 from specasr.store import Store, StoreError
-from specasr.trace import Round, Settings, Trace
-from specasr.windows import REFERENCE_WINDOWS
+from specasr.trace import REFERENCE_WINDOWS, Round, Settings, Trace
 
 COMMAND = "dataset"
 COLUMNS = ["clip_id", "set", "speaker", "duration_s", "wer", "a1", "a2c", "L", "anchor_error_ms", "run_id"]

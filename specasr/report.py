@@ -41,8 +41,7 @@ from specasr.pooled import (
     survival,
 )
 from specasr.store import Store
-from specasr.trace import Settings, Trace
-from specasr.windows import RUNTIME_WINDOWS
+from specasr.trace import RUNTIME_WINDOWS, Settings, Trace
 
 AGGREGATION = (
     "within a set, acceptance pooled over the rounds of each cell's first repetition and speed as total over total "

@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from specasr import __version__
+from specasr.audio import DEFAULT_MAX_SECONDS
 
 # The draft's attention windows (specasr.windows centres them); named here, with the settings, so that naming one
 # needs no torch
@@ -62,7 +63,7 @@ class Settings:
     reference: str = "auto"  # auto: align when the window needs frames; always; never; or a JSON file of frames
     verify_peaks: bool = True  # record where every target layer attended for every transcript token
     keep_attention: bool = False  # keep each draft step's full audio attention row
-    max_seconds: float = 600.0  # longer clips are refused
+    max_seconds: float = DEFAULT_MAX_SECONDS  # longer clips are refused
     decoder: str = "specasr"  # our loops, or a peer timed beside them (DECODERS[1:], specasr.peers)
     assistant: str | None = None  # transformers-assisted's assistant: target-layers, a Whisper folder or hub id
     graphs: bool = True  # our loops replay captured steps where the device runs them (CUDA); False: eager steps

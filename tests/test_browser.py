@@ -21,7 +21,7 @@ import soundfile
 
 from specasr.audio import SAMPLE_RATE, load_audio
 from specasr.dataset import load_manifest
-from specasr.windows import WINDOWS
+from specasr.trace import WINDOWS
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium")

@@ -12,8 +12,7 @@ from specasr import decode, graphs
 from specasr.decode import LoopOptions, greedy_tokens
 from specasr.draft import random_draft
 from specasr.targets import WhisperTarget
-from specasr.trace import Settings
-from specasr.windows import WINDOWS
+from specasr.trace import WINDOWS, Settings
 from tests.conftest import random_prefix_target, random_whisper_target, run_loop
 from tests.test_speculative import always_propose
 

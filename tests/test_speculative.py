@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from specasr import decode
 from specasr.decode import LoopOptions, greedy, greedy_tokens
 from specasr.draft import Draft, random_draft
-from specasr.trace import Settings, Trace, candidate_count
-from specasr.windows import NO_WINDOW, RUNTIME_WINDOWS, WINDOWS, WindowPolicy
+from specasr.trace import RUNTIME_WINDOWS, WINDOWS, Settings, Trace, candidate_count
+from specasr.windows import NO_WINDOW, WindowPolicy
 from tests.conftest import random_prefix_target, random_whisper_target, run_loop
 
 

@@ -17,9 +17,8 @@ from specasr.records import Origin
 from specasr.store import Store
 from specasr.stored_metrics import spine_rows
 from specasr.targets.head import VocabularyHead
-from specasr.trace import DraftStep, Segment, Settings, Trace, spine
+from specasr.trace import WINDOWS, DraftStep, Segment, Settings, Trace, spine
 from specasr.transfer import export_runs, import_runs
-from specasr.windows import WINDOWS
 from tests.conftest import random_prefix_target, random_whisper_target, run_loop
 
 CHAIN_ROWS = Path(__file__).parent / "data" / "chain_rows.json"

@@ -9,8 +9,8 @@ from pathlib import Path
 from specasr.cli.options import UsageError, add_store_options, number
 from specasr.store import Store
 from specasr.stored_metrics import run_summary
+from specasr.trace import WINDOWS
 from specasr.transfer import export_runs, import_runs
-from specasr.windows import WINDOWS
 
 ACTIONS = ("list", "show", "export", "import", "delete", "doctor")
 FILTERS = ("target", "draft", "window", "k", "dataset", "since", "until")
