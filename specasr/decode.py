@@ -90,11 +90,10 @@ def greedy_tokens(target: Target, memory: Tensor) -> list[int]:
     return greedy(target, memory, memory.shape[1]).tokens
 
 
-def runtime_layer(settings: Settings, target: Target) -> int:
-    """The decoder layer the runtime windows read: the settings' where they name one, else the target's."""
-    layer = settings.runtime_layer if settings.runtime_layer is not None else target.runtime_layer
-    if not 0 <= layer < target.n_layers:
-        raise SettingsError(f"runtime layer {layer} is not one of the target's decoder layers 0..{target.n_layers - 1}")
+def checked_layer(layer: int, layers: int) -> int:
+    """`layer`, refused where it is not one of a target's `layers` decoder layers."""
+    if not 0 <= layer < layers:
+        raise SettingsError(f"runtime layer {layer} is not one of the target's decoder layers 0..{layers - 1}")
     return layer
 
 
@@ -112,6 +111,7 @@ class LoopOptions:
     readout: int | None  # where the runtime layer sits among them: the runtime windows' readout; None for the others
     width: int  # draft-tree children per frontier node; 1: a chain
     nodes: int  # draft-tree nodes verified per round (a chain's: K)
+    runtime_layer: int | None = None  # the decoder layer the runtime windows read; None under the others
 
     @property
     def room(self) -> int:
@@ -120,10 +120,12 @@ class LoopOptions:
 
     @classmethod
     def of(cls, settings: Settings, target: Target) -> "LoopOptions":
-        """The runtime layer is the settings' (the target's by default); a verification pass reads every layer to
-        record verification peaks, else the runtime layer for the runtime windows, else none."""
-        layer = runtime_layer(settings, target)
+        """The one place a loop's options are resolved. The runtime layer is the settings' (the target's by
+        default), read and checked under the runtime windows only: the others ignore it. A verification pass reads
+        every layer to record verification peaks, else the runtime layer for the runtime windows, else none."""
         runtime = settings.window in RUNTIME_WINDOWS
+        asked = settings.runtime_layer if settings.runtime_layer is not None else target.runtime_layer
+        layer = checked_layer(asked, target.n_layers) if runtime else None
         layers = tuple(range(target.n_layers)) if settings.verify_peaks else (layer,) if runtime else ()
         return cls(
             k=settings.k,
@@ -136,6 +138,7 @@ class LoopOptions:
             readout=layers.index(layer) if runtime else None,
             width=settings.tree_width,
             nodes=settings.nodes,
+            runtime_layer=layer,
         )
 
 

@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from specasr import tree
 from specasr.audio import Clip
-from specasr.decode import read, runtime_layer
+from specasr.decode import LoopOptions, read
 from specasr.draft import Draft, DraftCache, DraftOutput
 from specasr.experiments import draft_label
 from specasr.intervals import Interval, pooled_bootstrap
@@ -140,14 +140,15 @@ class Rollouts:
 def roll_out(
     target: Target, draft: Draft, view: ClipView, settings: Settings, starts: list[int], group: str = "all"
 ) -> Rollouts:
-    """The draft's tree (`settings.tree_width`, `settings.nodes`) from each round start (verified transcript tokens)
-    under `settings.window`.
+    """The draft's tree (its width and nodes) from each round start (verified transcript tokens) under the settings'
+    window, every option as the loop reads it (`LoopOptions.of`).
 
     A round after v verified tokens restarts at draft position P + v - 2 (P prompt tokens), which reads the target's
     state there and the last verified token, and its nodes at depth d predict transcript token v + d - 1.
     """
-    k, width, prompt = settings.k, settings.tree_width, len(target.prompt)
-    policy = _policy(target, view, settings)
+    options = LoopOptions.of(settings, target)
+    k, width, prompt = options.k, options.width, len(target.prompt)
+    policy = _policy(target, view, options)
     window = policy.mask if draft.config.audio else lambda centres: None
     centres = torch.full((len(starts), k), NO_WINDOW, device=view.memory.device)
     if starts:
@@ -165,7 +166,7 @@ def roll_out(
         for i in sorted(range(rounds), key=lambda i: -starts[i]):  # a tree overwrites later starts' rows only
             cache.length = roots[i] + 1
             candidates = tree.grow(draft, _row(forced, roots[i]), cache, cache.length, centres[i], window, width, k)
-            found = _round(candidates, settings.nodes, truth[starts[i] : starts[i] + k + 1], target.eot, k)
+            found = _round(candidates, options.nodes, truth[starts[i] : starts[i] + k + 1], target.eot, k)
             tokens[i], accepted[i], peaks[i], restarts[i] = found
     index = np.asarray(starts, dtype=int)[:, None] + np.arange(k)[None, :]  # transcript index of each depth
     return Rollouts(
@@ -182,19 +183,20 @@ def roll_out(
     )
 
 
-def _policy(target: Target, view: ClipView, settings: Settings) -> WindowPolicy:
+def _policy(target: Target, view: ClipView, options: LoopOptions) -> WindowPolicy:
     """The window as the loop centres it on this clip, the runtime windows reading the teacher-forced peaks."""
     transcript = len(view.tokens) - len(target.prompt) - 1
     policy = WindowPolicy(
-        settings.window,
-        settings.half_width_ms,
+        options.window,
+        options.half_width_ms,
         view.valid_frames,
         [None if f < 0 else int(f) for f in view.reference],
         target.frame_seconds,
         view.memory.device,
-        transcript + settings.k + 1,
+        transcript + options.k + 1,
     )
-    policy.observe_verified(0, view.peaks[:, runtime_layer(settings, target)])
+    if options.runtime_layer is not None:
+        policy.observe_verified(0, view.peaks[:, options.runtime_layer])
     return policy
 
 

@@ -23,7 +23,7 @@ from torch import Tensor
 from specasr import graphs
 from specasr.align import Aligner, AlignmentError, get_aligner
 from specasr.audio import SAMPLE_RATE, AudioTooLongError, Clip, split_windows
-from specasr.decode import PhaseTimer, greedy, runtime_layer
+from specasr.decode import LoopOptions, PhaseTimer, greedy
 from specasr.draft import Draft, resolve_draft
 from specasr.loops import loop_for
 from specasr.peers import Peer, load_peer
@@ -99,8 +99,9 @@ class Pipeline:
 
     def resolved(self, settings: Settings) -> Settings:
         """The settings as a decode runs them: a greedy decode carries no draft settings, a speculative one names
-        its draft's precision and, with the runtime window, its layer; captured steps only where our loops run on a
-        device that replays them, and compiled ones where asked or where the device's default says so."""
+        its draft's precision and, with a runtime window, its layer (none with the others, which read none); captured
+        steps only where our loops run on a device that replays them, and compiled ones where asked or where the
+        device's default says so."""
         ours, device = settings.decoder == "specasr", torch.device(settings.device).type
         compile = graphs.COMPILED_BY_DEFAULT.get(device, False) if settings.compile is None else settings.compile
         settings = replace(
@@ -119,9 +120,12 @@ class Pipeline:
                 tree_width=1,
                 tree_nodes=None,
             )
+        layer = None  # the other windows read no layer: one given is ignored
         if settings.window in RUNTIME_WINDOWS:
-            settings = replace(settings, runtime_layer=runtime_layer(settings, self.target(settings)))
-        return replace(settings, draft_dtype=settings.draft_dtype or settings.dtype, tree_nodes=settings.nodes)
+            layer = LoopOptions.of(settings, self.target(settings)).runtime_layer
+        return replace(
+            settings, runtime_layer=layer, draft_dtype=settings.draft_dtype or settings.dtype, tree_nodes=settings.nodes
+        )
 
     def decode(self, clip: Clip, settings: Settings, on_round: Callable[[Round], None] | None = None) -> Trace:
         """Transcribe `clip` under `settings`, timed from the waveform, and return its complete trace.
@@ -188,7 +192,7 @@ class Pipeline:
             frame_seconds=target.frame_seconds,
             code=code_version(),
             token_texts=[pieces[token] for token in tokens],
-            target_runtime_layer=runtime_layer(settings, target),
+            target_runtime_layer=target.runtime_layer if settings.runtime_layer is None else settings.runtime_layer,
             draft_name=draft_name,
             draft_hash=draft_hash,
             segments=segments,

@@ -313,3 +313,38 @@ def test_settings_that_do_not_fit_are_refused_before_any_work(capsys, speech, ar
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.splitlines()[-1].startswith("error: ") and message in err
+
+
+def _no_weights(monkeypatch) -> None:
+    def load_target(*args):
+        raise AssertionError("the target's weights were loaded")
+
+    monkeypatch.setattr("specasr.pipeline.load_target", load_target)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["decode", "{clip}", "--window", "runtime", "--runtime-layer", "99", "--no-store"],
+        ["bench", "--clips", "1", "--window", "runtime-last", "--runtime-layer", "4", "--no-store"],
+        ["experiment", "--clips", "1", "--window", "unrestricted,runtime", "--runtime-layer", "4"],
+        ["matched", "--clips", "1", "--window", "unrestricted,runtime", "--runtime-layer", "4"],
+    ],
+)
+def test_a_runtime_layer_the_target_lacks_is_refused_before_its_weights_load(
+    capsys, monkeypatch, sample_clips, tmp_path, argv
+):
+    _no_weights(monkeypatch)
+    argv = [arg.format(clip=sample_clips[0].path) for arg in argv]
+    db = [] if "--no-store" in argv else ["--db", str(tmp_path / "runs.duckdb")]
+    assert main([*argv, *db]) == 2
+    layer = argv[argv.index("--runtime-layer") + 1]
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last == f"error: runtime layer {layer} is not one of the target's decoder layers 0..3"
+
+
+def test_a_runtime_layer_is_ignored_by_the_windows_that_read_none(capsys, sample_clips):
+    argv = ["decode", str(sample_clips[0].path), "--draft", "random", "--k", "2", "--runtime-layer", "99"]
+    assert main([*argv, "--window", "unrestricted", "--no-store", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["settings"]["runtime_layer"] is None and "cooler judgment" in record["text"]

@@ -15,6 +15,7 @@ from specasr.cli.options import (
     data_files,
     drafts,
     evaluation_clips,
+    fits_target,
     number,
     out_file,
     settings,
@@ -102,5 +103,6 @@ def _grid(args: argparse.Namespace) -> Grid:
     (width, nodes), window, k, threshold = shapes[0], args.window[0], args.k[0], args.threshold[0]
     first = settings(args, names[0], window=window, k=k, threshold=threshold, tree_width=width, tree_nodes=nodes)
     grid = Grid(first, tuple(names), args.window, args.k, args.threshold, shapes)
-    checked(grid.cells)
+    for cell in checked(grid.cells):
+        fits_target(cell)
     return grid

@@ -18,12 +18,13 @@ from specasr.dataset import (
     manifest_file,
     spread,
 )
+from specasr.decode import checked_layer
 from specasr.draft import shipped_drafts
 from specasr.intervals import AA_TOLERANCE
 from specasr.pooled import MIN_SET_CLIPS, Weighting, weighting
 from specasr.store import default_db_path, is_duckdb_file
-from specasr.targets import BUILTIN_TARGETS, DTYPES
-from specasr.trace import MOST_K, MOST_TREE_WIDTH, Settings
+from specasr.targets import BUILTIN_TARGETS, DTYPES, decoder_layers
+from specasr.trace import MOST_K, MOST_TREE_WIDTH, RUNTIME_WINDOWS, Settings
 from specasr.windows import WINDOWS
 
 # Settings fields a speculative decode takes from options of the same name.
@@ -207,7 +208,10 @@ def add_window_options(parser: argparse.ArgumentParser) -> None:
     """The window's width and the runtime window's layer; the window itself is each command's own option."""
     parser.add_argument("--half-width-ms", type=number(float, 0), default=400.0)
     parser.add_argument(
-        "--runtime-layer", type=number(int, 0), default=None, help="target layer (0-based) for runtime windows"
+        "--runtime-layer",
+        type=number(int, 0),
+        default=None,
+        help="target layer (0-based) the runtime windows read (default: the target's); the other windows ignore it",
     )
 
 
@@ -347,7 +351,16 @@ def settings(args: argparse.Namespace, draft: str | None = None, **chosen) -> Se
         values["graphs"], values["compile"] = not args.eager, args.compile
     if draft is not None:
         values |= {name: getattr(args, name) for name in SPECULATIVE_FIELDS if hasattr(args, name)} | {"draft": draft}
-    return checked(Settings, **(values | chosen))
+    return fits_target(checked(Settings, **(values | chosen)))
+
+
+def fits_target(settings: Settings) -> Settings:
+    """The settings, their runtime layer checked against the target's decoder layers before any weights load, where
+    a runtime window reads it and the target's config says how many (others are checked once the target loads)."""
+    layers = decoder_layers(settings.target) if settings.runtime_layer is not None else None
+    if layers is not None and settings.window in RUNTIME_WINDOWS:
+        checked(checked_layer, layer=settings.runtime_layer, layers=layers)
+    return settings
 
 
 def drafts(args: argparse.Namespace) -> list[str]:

@@ -5,6 +5,7 @@ import json
 
 from specasr.cli.options import add_clip_options, add_draft_options, add_tree_options, clip, number, settings
 from specasr.cli.output import records
+from specasr.decode import LoopOptions
 from specasr.pipeline import Pipeline
 from specasr.profiling import profile_round
 from specasr.trace import MOST_K
@@ -30,10 +31,11 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> None:
     asked, profiled, pipeline = settings(args, args.draft), clip(args.audio, args), Pipeline()
     target, draft = pipeline.target(asked), pipeline.draft(asked)
+    options = LoopOptions.of(pipeline.resolved(asked), target)
     audio = profiled.audio[: target.window_samples]
     memory = target.encode(target.features(audio))
     valid_frames = target.valid_frames(len(audio))
-    table = profile_round(target, draft, memory, valid_frames, asked.nodes, asked.tree_width, args.repeats)
+    table = profile_round(target, draft, memory, valid_frames, options.nodes, options.width, args.repeats)
     if args.json:
         print(json.dumps(records(table)))
         return

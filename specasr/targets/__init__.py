@@ -2,6 +2,7 @@
 family (Whisper, Qwen3-ASR, Voxtral)."""
 
 import json
+from functools import cache
 from pathlib import Path
 
 import torch
@@ -28,6 +29,7 @@ __all__ = [
     "TargetUnavailableError",
     "VoxtralTarget",
     "WhisperTarget",
+    "decoder_layers",
     "load_target",
 ]
 
@@ -59,6 +61,18 @@ def load_target(name: str, device: str = "cpu", dtype: str = "float32") -> Targe
         return PREFIX_FAMILIES[family].from_pretrained(name, DTYPES[dtype], torch_device)
     except (OSError, ValueError) as error:
         raise TargetUnavailableError(f"could not load {family} target {name!r}: {error}") from error
+
+
+@cache
+def decoder_layers(name: str) -> int | None:
+    """A Whisper target's decoder layer count, read from its config without loading its weights (a built-in is
+    converted first, once, as loading it would); None for a hub id and the other families, known once loaded."""
+    folder = builtin_model_dir(name) if name in BUILTIN_TARGETS else Path(name)
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return config.get("decoder_layers") if config.get("model_type") == "whisper" else None
 
 
 def _is_hub_id(name: str) -> bool:
