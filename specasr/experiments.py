@@ -201,8 +201,8 @@ def _described(fresh: list[int], timed: int) -> str:
     return " and ".join(parts + (["the peaks pass"] if timed in fresh else []))
 
 
-def grid_traces(store: Store, runs: GridRuns) -> GridTraces:
-    """The runs' decodes: those `runs` holds, else read from the store."""
+def grid_traces(store: Store | None, runs: GridRuns) -> GridTraces:
+    """The runs' decodes: those `runs` holds (always, where no store opened), else read from the store."""
     if runs.traces is not None:
         return runs.traces
     second = store.traces(runs.second_baseline) if runs.second_baseline else []

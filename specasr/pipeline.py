@@ -128,7 +128,8 @@ class Pipeline:
         )
 
     def decode(self, clip: Clip, settings: Settings, on_round: Callable[[Round], None] | None = None) -> Trace:
-        """Transcribe `clip` under `settings`, timed from the waveform, and return its complete trace.
+        """Transcribe `clip` under `settings`, timed from the waveform, and return its complete trace: the clip's 30 s
+        windows encoded, its reference frames where the settings need them, each window decoded, the trace.
 
         on_round: called with every speculative round as it ends (a progress report; its time counts as decode).
         """
@@ -138,29 +139,38 @@ class Pipeline:
                 f"{clip.id} is {clip.seconds:.2f} s long, over the {settings.max_seconds:g} s limit"
             )
         target = self.target(settings)
-        draft, draft_name, draft_hash = self._draft(settings) if settings.draft is not None else (None, "none", None)
         peer = self.peer(settings) if settings.decoder != "specasr" else None
-        frontend = peer or target
         windows = split_windows(clip.audio, target.window_samples, target.cut_samples)
         timer = PhaseTimer(target.device)
-        with timer.phase("features"):
-            audio = frontend.samples(clip.audio)
-        memories = []
-        for start, end in windows:
-            with timer.phase("features"):
-                features = frontend.features(audio[start:end])
-            with timer.phase("encoder"):
-                memories.append(frontend.encode(features))
+        memories = _encode(peer or target, clip, windows, timer)
         reference = None
         if settings.needs_reference:
             with timer.phase("reference"):
                 reference = self.reference(clip, settings, windows, memories)
+        segments, decoded = self._decode_windows(settings, peer, windows, memories, reference, timer, on_round)
+        if reference is not None and reference.source == "file":  # only now is the transcript known
+            check_reference_length(settings.reference, reference.frames, len(decoded.tokens))
+        return self._trace(clip, settings, segments, decoded, reference, timer)
 
-        segments, tokens, rounds, steps, verified, runtime_peaks = [], [], [], [], [], []
+    def _decode_windows(
+        self,
+        settings: Settings,
+        peer: Peer | None,
+        windows: list[tuple[int, int]],
+        memories: list[Tensor],
+        reference: ClipReference | None,
+        timer: PhaseTimer,
+        on_round: Callable[[Round], None] | None,
+    ) -> tuple[list[Segment], Decoded]:
+        """Each window decoded in turn, its tokens and rows following the previous window's: the segments, and
+        what the loop made of them all."""
+        target = self.target(settings)
+        draft = self._draft(settings)[0] if settings.draft is not None else None
+        segments, decoded = [], Decoded([])
         with self._steps.lend() as captured:
             loop = loop_for(target, draft, settings, captured) if peer is None else None
             for index, ((start, end), memory) in enumerate(zip(windows, memories, strict=True)):
-                origin = Origin(index, target.frames(start), len(tokens), len(rounds))
+                origin = Origin(index, target.frames(start), len(decoded.tokens), len(decoded.rounds))
                 valid_frames = target.valid_frames(end - start)
                 frames = reference.window_frames(index, origin.frame) if reference else None
                 with timer.phase("decode"):
@@ -168,15 +178,27 @@ class Pipeline:
                         result = Decoded(peer.decode(memory))
                     else:
                         result = loop(memory, valid_frames, origin, frames, on_round)
-                segments.append(Segment(index, origin.frame, valid_frames, len(tokens), len(result.tokens)))
-                tokens += result.tokens
-                rounds += result.rounds
-                steps += result.steps
-                verified += result.verified
-                runtime_peaks += result.runtime_peaks
+                segments.append(Segment(index, origin.frame, valid_frames, len(decoded.tokens), len(result.tokens)))
+                decoded.tokens += result.tokens
+                decoded.rounds += result.rounds
+                decoded.steps += result.steps
+                decoded.verified += result.verified
+                decoded.runtime_peaks += result.runtime_peaks
+        return segments, decoded
 
-        if reference is not None and reference.source == "file":  # only now is the transcript known
-            check_reference_length(settings.reference, reference.frames, len(tokens))
+    def _trace(
+        self,
+        clip: Clip,
+        settings: Settings,
+        segments: list[Segment],
+        decoded: Decoded,
+        reference: ClipReference | None,
+        timer: PhaseTimer,
+    ) -> Trace:
+        """The decode's trace: its text window by window, each token's text, and what it was decoded with."""
+        target = self.target(settings)
+        _, draft_name, draft_hash = self._draft(settings) if settings.draft is not None else (None, "none", None)
+        tokens, steps = decoded.tokens, decoded.steps
         texts = [target.decode_text(tokens[s.first_token : s.first_token + s.tokens]) for s in segments]
         pieces = {token: target.tokenizer.decode([token]) for token in {*tokens, *(s.token for s in steps)}}
         return Trace(
@@ -198,11 +220,11 @@ class Pipeline:
             segments=segments,
             reference_frames=reference and reference.frames,
             reference_source=reference and reference.source,
-            runtime_peaks=runtime_peaks if settings.window in RUNTIME_WINDOWS else None,
+            runtime_peaks=decoded.runtime_peaks if settings.window in RUNTIME_WINDOWS else None,
             timings=timer.timings,
-            rounds=rounds,
+            rounds=decoded.rounds,
             steps=[replace(step, text=pieces[step.token]) for step in steps],
-            verified=verified,
+            verified=decoded.verified,
         )
 
     def compile_seconds(self) -> float:
@@ -324,3 +346,16 @@ def _reference_file(path: Path, clip: Clip, target: Target) -> ClipReference:
             f"{clip.seconds:.1f} s long: leave --reference out to have it aligned window by window"
         )
     return ClipReference("file", [[]], read_reference_file(path, target.valid_frames(len(clip.audio))))
+
+
+def _encode(frontend: Target | Peer, clip: Clip, windows: list[tuple[int, int]], timer: PhaseTimer) -> list[Tensor]:
+    """Each window's encoder output (the encoder's memory the decoder attends), timed as features and encoder."""
+    with timer.phase("features"):
+        samples = frontend.samples(clip.audio)
+    memories = []
+    for start, end in windows:
+        with timer.phase("features"):
+            features = frontend.features(samples[start:end])
+        with timer.phase("encoder"):
+            memories.append(frontend.encode(features))
+    return memories

@@ -404,7 +404,7 @@ def by_set(
 
 
 def tables(
-    store: Store, runs: GridRuns, weights: Weighting | None = None, aa_tolerance: float = AA_TOLERANCE
+    store: Store | None, runs: GridRuns, weights: Weighting | None = None, aa_tolerance: float = AA_TOLERANCE
 ) -> Tables:
     """The paper's tables from the runs' decodes (`experiments.grid_traces`), metrics weighted over evaluation sets as
     `weights` says (one set for all where it is not given), the tables the paper gives set by set, and the A/A check
