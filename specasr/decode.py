@@ -20,8 +20,8 @@ from specasr.draft import Draft, DraftOutput
 from specasr.records import Decoded, Origin, RoundRecord, SegmentRows
 from specasr.targets import Target
 from specasr.targets.base import TreeRows, audio_peaks
-from specasr.trace import Round, Settings, SettingsError, Timings
-from specasr.windows import RUNTIME_WINDOWS, WindowPolicy
+from specasr.trace import RUNTIME_WINDOWS, Round, Settings, SettingsError, Timings
+from specasr.windows import WindowPolicy
 
 FREE_READ_DEVICES = ("cpu",)  # reading a proposal's confidence there costs no wait, so a round stops drafting at it
 

@@ -33,8 +33,16 @@ from specasr.reference import ClipReference, align_tokens, check_reference_lengt
 from specasr.steppool import StepPool
 from specasr.store import Store, StoreError
 from specasr.targets import DTYPES, Target, load_target
-from specasr.trace import REFERENCE_SOURCES, Round, Segment, Settings, SettingsError, Trace, code_version
-from specasr.windows import RUNTIME_WINDOWS
+from specasr.trace import (
+    REFERENCE_SOURCES,
+    RUNTIME_WINDOWS,
+    Round,
+    Segment,
+    Settings,
+    SettingsError,
+    Trace,
+    code_version,
+)
 from specasr.words import normalize_for_alignment
 
 T = TypeVar("T")

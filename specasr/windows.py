@@ -10,7 +10,6 @@ import torch
 from torch import Tensor
 
 from specasr.trace import REFERENCE_WINDOWS, WINDOWS
-from specasr.trace import RUNTIME_WINDOWS as RUNTIME_WINDOWS  # the loops import their window names from here
 
 TABLE_WINDOWS = ("correct", "shift", "random")  # a centre per transcript token, known before decoding
 PACE_TOKENS = 8  # recent verified tokens whose peaks set the runtime window's frames per token

@@ -35,8 +35,7 @@ from specasr.matched import (
     summary_table,
 )
 from specasr.pipeline import Pipeline
-from specasr.trace import MOST_K
-from specasr.windows import WINDOWS
+from specasr.trace import MOST_K, WINDOWS
 
 
 @dataclass

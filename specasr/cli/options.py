@@ -24,8 +24,7 @@ from specasr.intervals import AA_TOLERANCE
 from specasr.pooled import MIN_SET_CLIPS, Weighting, weighting
 from specasr.store import default_db_path, is_duckdb_file
 from specasr.targets import BUILTIN_TARGETS, DTYPES, decoder_layers
-from specasr.trace import MOST_K, MOST_TREE_WIDTH, RUNTIME_WINDOWS, Settings
-from specasr.windows import WINDOWS
+from specasr.trace import MOST_K, MOST_TREE_WIDTH, RUNTIME_WINDOWS, WINDOWS, Settings
 
 # Settings fields a speculative decode takes from options of the same name.
 SPECULATIVE_FIELDS = (
