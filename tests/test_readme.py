@@ -8,7 +8,10 @@ from specasr.dataset import DEFAULT_SPEECH_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-DESCRIPTIVE_TABLES = ('| family | audio memory the draft attends | frame | "audio attention" of a step | checked on |',)
+DESCRIPTIVE_TABLES = (
+    '| family | audio memory the draft attends | frame | "audio attention" of a step | checked on |',
+    "| term | meaning | where |",
+)
 
 
 def test_ci_runs_exactly_the_readme_test_command():
