@@ -204,6 +204,10 @@ def test_a_77_second_clips_plots_show_one_window_at_a_time_and_fit_the_screen(se
         settle(page)
         heatmap = page.locator("[data-testid=stExpander] .js-plotly-plot").first
         heatmap.wait_for()
+        page.wait_for_function(  # the redraw may land after the script run ends
+            "() => document.querySelector('[data-testid=stExpander] .js-plotly-plot')?._fullData"
+            "?.some(t => t.type === 'heatmap' && t.x[0] > 0)"
+        )
         # as plotly.js drew them (plot.data can hold the arrays still encoded)
         starts = heatmap.evaluate("plot => plot._fullData.filter(t => t.type === 'heatmap').map(t => t.x[0])")
         cuts = heatmap.evaluate("plot => plot._fullLayout.shapes.map(s => s.x0)")

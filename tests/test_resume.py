@@ -137,7 +137,7 @@ COMMAND = ["experiment", "--clips", "5", "--repeats", "1", "--draft", "random", 
 # The command line, its grid held still once the store keeps a clip: the test's signal then lands half way, however
 # fast the machine decodes the rest (unheld, 5 clips could all be stored before the signal came).
 HELD_AFTER_FIRST_CLIP = """
-import sys, time
+import signal, sys, time
 from specasr.cli import main
 from specasr.pipeline import Pipeline
 from specasr.store import Store
@@ -155,6 +155,7 @@ def decode_held(self, *args, **kwargs):
     return decode(self, *args, **kwargs)
 
 Store.write_runs, Pipeline.decode = write_and_note, decode_held
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal: a shell's background job ignores it
 sys.exit(main(sys.argv[1:]))
 """
 
