@@ -17,7 +17,8 @@ from pathlib import Path
 import pandas as pd
 
 from specasr.dataset import DEFAULT_SPEECH_DIR, clips_by_set, load_manifest, spread
-from specasr.matched import contrast_table, depth_table, run_matched, summary_table
+from specasr.matched import run_matched
+from specasr.matched_tables import contrast_table, depth_table, summary_table
 from specasr.pipeline import Pipeline
 from specasr.pooled import weighting
 from specasr.store import Store

@@ -12,14 +12,18 @@ the store holds; a grid that adds a cell decodes the baseline, its copy and ever
 only within a batch. A batch the store refuses still makes its tables, from the decodes held in memory.
 """
 
-from collections.abc import Iterator
+import json
+from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import PurePath
 
 from tqdm import tqdm
 
 from specasr.audio import Clip
 from specasr.pipeline import Pipeline
+from specasr.ranks import ALONE, Ranks
 from specasr.store import ClipBatch, DecodedRun, Store, StoreError
 from specasr.trace import Settings, Trace
 
@@ -108,13 +112,18 @@ def run_grid(
     clips: list[Clip],
     repeats: int = REPEATS,
     progress: type[tqdm] = tqdm,
-) -> GridRuns:
+    ranks: Ranks = ALONE,
+) -> GridRuns | None:
     """Decode every clip under the baseline, every cell and the baseline's second copy (`repeats` times each) and the
     peaks pass (once), unless the store holds them: the timed runs all from one batch, the untimed peaks pass from
     any. What it decodes it stores as one batch, clip by clip, completing the batch an interrupted run left; where the
     store refuses it (StoreError), the decodes are kept all the same, their runs without ids and the reason in
     `not_stored`; without a store (None: it did not open) it decodes everything and stores nothing. Ctrl-C is a
-    GridInterrupted. progress: the bar class that reports the decodes (tqdm's interface)."""
+    GridInterrupted. progress: the bar class that reports the decodes (tqdm's interface).
+
+    Under torchrun (`ranks`), every rank decodes a share of the clips the store lacks, each clip's decodes on one
+    rank; the first rank alone reads and writes the store (the others pass None) and returns the runs, the others
+    None."""
     cells = {settings: pipeline.resolved(settings) for settings in grid.cells()}
     baseline, peaks = pipeline.resolved(grid.baseline()), pipeline.resolved(grid.peaks())
     timed = [baseline, *dict.fromkeys(cells.values()), baseline]  # the copy last, away from the baseline
@@ -124,14 +133,19 @@ def run_grid(
     decodes = {i: store.traces(run_id) for i, run_id in enumerate(ids) if run_id is not None}  # the reused runs'
     slots = [(settings, 1 if i == len(timed) else repeats) for i, settings in enumerate([*timed, peaks])]
     fresh = [i for i in range(len(slots)) if i not in decodes]
+    batch = _resumable(held, [slots[i] for i in fresh], clips) if fresh else None
+    fresh, stored = ranks.broadcast((fresh, sorted(batch.stored) if batch else []))  # the first rank's store says
+    decoded = _decoded(pipeline, [slots[i] for i in fresh], clips, frozenset(stored), progress, ranks)
+    if not ranks.first:
+        deque(decoded, maxlen=0)  # its share, sent to the first rank
+        return None
     not_stored = []
     if fresh:
-        batch = _resumable(held, [slots[i] for i in fresh], clips)
-        written, decoded, not_stored = _complete(
-            pipeline, store, batch, [slots[i] for i in fresh], clips, progress, _described(fresh, len(timed))
+        written, traces, not_stored = _complete(
+            store, batch, [slots[i] for i in fresh], clips, decoded, _described(fresh, len(timed))
         )
-        for i, run_id, traces in zip(fresh, written, decoded, strict=True):
-            ids[i], decodes[i] = run_id, traces
+        for i, run_id, found in zip(fresh, written, traces, strict=True):
+            ids[i], decodes[i] = run_id, found
     by_settings = dict(zip(timed[1:-1], range(1, len(timed) - 1), strict=True))
     by_cell = {asked: by_settings[settings] for asked, settings in cells.items()}
     copy, peaks_pass = len(timed) - 1, len(timed)
@@ -156,15 +170,14 @@ class Resumed:
 
 
 def _complete(
-    pipeline: Pipeline,
     store: Store | None,
     batch: Resumed,
     slots: list[tuple[Settings, int]],
     clips: list[Clip],
-    progress: type[tqdm],
+    decoded: Iterator[tuple[Clip, list[list[Trace]]]],
     what: str,
 ) -> tuple[list[str | None], list[list[Trace]], list[str]]:
-    """Decode the clips the batch lacks, storing each clip's decodes of every slot as the clip is done. Returns each
+    """Store the decodes of the clips the batch lacks, each clip's decodes of every slot as they come. Returns each
     slot's run id (None unless the batch holds every clip), its traces over all clips in their order (the stored
     ones read back), and why the store refused them where it did; without a store, no ids and no reasons."""
     by_clip = {clip.hash: [[] for _ in slots] for clip in clips}
@@ -173,7 +186,7 @@ def _complete(
             by_clip[trace.clip_hash][slot].append(trace)
     stored, refused = set(batch.stored), None
     try:
-        for clip, traces in _decode_interleaved(pipeline, slots, clips, batch.stored, progress):
+        for clip, traces in decoded:
             by_clip[clip.hash] = traces
             if store is not None and refused is None:
                 try:
@@ -291,32 +304,59 @@ def _clips(run: DecodedRun) -> set[str]:
     return {clip for clip, _ in run.decoded}
 
 
-def _decode_interleaved(
+def _decoded(
     pipeline: Pipeline,
     slots: list[tuple[Settings, int]],
     clips: list[Clip],
     stored: frozenset[str],
-    progress: type[tqdm],
+    progress: Callable[..., tqdm],
+    ranks: Ranks,
 ) -> Iterator[tuple[Clip, list[list[Trace]]]]:
-    """Every slot's decodes (its settings, so many repetitions) of the clips not `stored`, clip by clip, repetitions
-    interleaved: yields each clip with each slot's decodes of it, in repetition order."""
-    left = [(i, clip) for i, clip in enumerate(clips) if clip.hash not in stored]
-    if not left:
-        return
-    for settings in progress(dict.fromkeys(settings for settings, _ in slots), desc="warm-up", unit="cells"):
-        pipeline.decode(left[0][1], settings)  # warm-up, not kept: the first decode of a cell loads and allocates
+    """Every slot's decodes of the clips not `stored`, clip by clip as they are done: each rank decodes its share of
+    the clips (`Ranks.shares`, by length), and the first rank yields them all, with each slot's decodes of the clip in
+    repetition order; the other ranks yield nothing."""
+    left = [i for i, clip in enumerate(clips) if clip.hash not in stored] if slots else []
+    shares = ranks.shares([len(clips[i].audio) for i in left])
+    mine = [left[j] for j in shares[ranks.rank]]
+    progress = progress if ranks.first else partial(tqdm, disable=True)
+    if mine:
+        for settings in progress(dict.fromkeys(settings for settings, _ in slots), desc="warm-up", unit="cells"):
+            pipeline.decode(clips[mine[0]], settings)  # not kept: the first decode of a cell loads and allocates
+    per_clip = sum(repeats for _, repeats in slots)
+    with progress(total=per_clip * len(left), desc="timed", unit="decodes") as bar:
+        own = _decode_interleaved(pipeline, slots, clips, mine, bar)
+        for rank, (i, traces) in ranks.gathered(own, max(map(len, shares), default=0), _clip_json, _clip_traces):
+            if rank:
+                bar.update(per_clip)
+            yield clips[i], traces
+
+
+def _decode_interleaved(
+    pipeline: Pipeline, slots: list[tuple[Settings, int]], clips: list[Clip], mine: list[int], bar: tqdm
+) -> Iterator[tuple[int, list[list[Trace]]]]:
+    """Every slot's decodes (its settings, so many repetitions) of the clips at the indices `mine`, clip by clip,
+    repetitions interleaved: yields each clip's index with each slot's decodes of it, in repetition order."""
     order = list(range(len(slots)))
-    with progress(total=sum(repeats for _, repeats in slots) * len(left), desc="timed", unit="decodes") as bar:
-        for i, clip in left:  # the turn rotates with the clip's place in the grid, resumed or not
-            turn = order[i % len(order) :] + order[: i % len(order)]
-            traces: list[list[Trace]] = [[] for _ in slots]
-            for repeat in range(max(repeats for _, repeats in slots)):
-                for slot in (j for j in turn if repeat < slots[j][1]):
-                    settings = slots[slot][0]
-                    traces[slot].append(pipeline.decode(clip, settings))
-                    bar.set_postfix_str(f"{clip.id}, {cell_name(settings)}: {traces[slot][-1].brief}", refresh=False)
-                    bar.update()
-            yield clip, traces
+    for i in mine:  # the turn rotates with the clip's place in the grid, resumed or shared out or not
+        turn = order[i % len(order) :] + order[: i % len(order)]
+        traces: list[list[Trace]] = [[] for _ in slots]
+        for repeat in range(max(repeats for _, repeats in slots)):
+            for slot in (j for j in turn if repeat < slots[j][1]):
+                settings = slots[slot][0]
+                traces[slot].append(pipeline.decode(clips[i], settings))
+                bar.set_postfix_str(f"{clips[i].id}, {cell_name(settings)}: {traces[slot][-1].brief}", refresh=False)
+                bar.update()
+        yield i, traces
+
+
+def _clip_json(decoded: tuple[int, list[list[Trace]]]) -> bytes:
+    i, traces = decoded
+    return json.dumps({"clip": i, "traces": [[t.to_dict() for t in slot] for slot in traces]}).encode()
+
+
+def _clip_traces(data: bytes) -> tuple[int, list[list[Trace]]]:
+    decoded = json.loads(data)
+    return decoded["clip"], [[Trace.from_dict(t) for t in slot] for slot in decoded["traces"]]
 
 
 def cell_name(settings: Settings) -> str:

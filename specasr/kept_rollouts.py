@@ -52,6 +52,23 @@ class KeptRollouts:
         return MatchedInterrupted(f"{kept}; run the same command again to roll out the rest")
 
 
+def pack_clip(rolled: tuple[str, Mapping[tuple, Mapping]], cells: list[tuple]) -> bytes:
+    """One clip's hash and every condition's arrays (of `cells`, in their order) as one numpy archive."""
+    clip_hash, arrays = rolled
+    named = {f"{i}.{name}": value for i, cell in enumerate(cells) for name, value in arrays[cell].items()}
+    return _pack({"clip_hash": np.array(clip_hash), **named})
+
+
+def unpack_clip(data: bytes, cells: list[tuple]) -> tuple[str, dict[tuple, dict[str, np.ndarray]]]:
+    named = _unpack(data)
+    arrays = {cell: {} for cell in cells}
+    for key, value in named.items():
+        if key != "clip_hash":
+            index, name = key.split(".", 1)
+            arrays[cells[int(index)]][name] = value
+    return named["clip_hash"], arrays
+
+
 def _pack(arrays: Mapping[str, np.ndarray | float]) -> bytes:
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)

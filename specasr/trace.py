@@ -321,6 +321,17 @@ class Trace:
         plain = {f.name: row[f.name] for f in fields(cls) if f.name not in _NESTED}
         return cls(**plain, **nested, **rows)
 
+    def to_dict(self) -> dict:
+        """The trace as plain values (JSON holds them, floats exactly): `from_dict` rebuilds an equal trace."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "Trace":
+        nested = {"settings": Settings, "code": CodeVersion, "timings": Timings}
+        built = {name: kind(**values[name]) for name, kind in nested.items()}
+        built |= {name: [kind(**row) for row in values[name]] for name, kind in _ROWS.items()}
+        return cls(**{name: value for name, value in values.items() if name not in _NESTED}, **built)
+
 
 _ROWS = {"segments": Segment, "rounds": Round, "steps": DraftStep, "verified": VerifiedToken}
 _NESTED = {"settings", "code", "timings", *_ROWS}

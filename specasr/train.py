@@ -10,7 +10,6 @@ later steps at inference, so continuation is trained and not only the restart.
 
 import json
 import math
-import os
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, fields, replace
@@ -35,6 +34,7 @@ from specasr.draft import (
     save_draft,
     start_from_target_layer,
 )
+from specasr.ranks import joined
 from specasr.targets import Target
 from specasr.trainset import SENTENCES, Example
 
@@ -283,17 +283,6 @@ def feature_scale(examples: list[Example], taps: tuple[int, ...]) -> Tensor:
     return rows.std(dim=0)
 
 
-def distributed() -> tuple[int, int]:
-    """(rank, world size): several processes under torchrun, else one. Where CUDA is, each process takes the GPU
-    of its LOCAL_RANK and CUDA tensors go through NCCL; CPU tensors always go through gloo."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        if local_rank < torch.cuda.device_count():
-            torch.cuda.set_device(local_rank)
-        dist.init_process_group("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo")
-    return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-
-
 def check_global_batch(batch_size: int, world: int) -> None:
     if batch_size < world:
         raise ValueError(f"the batch size is the global batch: it needs an example for each of {world} processes")
@@ -329,7 +318,8 @@ def train(
     `every_epoch` each epoch's draft in out/epoch-N too. `data_hash` and `sources` (each data source's settings) are
     recorded in the checkpoint with the config. Under torchrun each process trains on its share of every batch
     (epoch_batches) and only the first writes."""
-    rank, world = distributed()
+    ranks = joined()
+    rank, world = ranks.rank, ranks.size
     check_global_batch(config.batch_size, world)
     device = target.device
     torch.manual_seed(config.seed)

@@ -13,18 +13,16 @@ from specasr.audio import Clip
 from specasr.cli import main
 from specasr.decode import greedy
 from specasr.draft import random_draft
-from specasr.matched import (
+from specasr.matched import read_clip, roll_out, teacher_forced
+from specasr.matched_tables import (
     Condition,
     Rollouts,
     clip_columns,
     contrast_table,
     depth_table,
     outcome_table,
-    read_clip,
     restart_table,
-    roll_out,
     summary_table,
-    teacher_forced,
 )
 from specasr.trace import Settings, spine
 from tests.conftest import run_loop

@@ -1,6 +1,7 @@
 """The speculative loop returns exactly the greedy tokens, for any draft, K, draft tree and window."""
 
 import itertools
+import json
 from collections import Counter
 from dataclasses import replace
 
@@ -316,12 +317,13 @@ def test_speculative_equals_greedy_on_real_tiny_en(pipeline, tiny_en, sample_cli
                 assert result.tokens == expected, (utterance.id, window, draft)
 
 
-def test_trace_tables_round_trip_without_loss(pipeline, sample_clips):
+def test_trace_tables_and_json_round_trip_without_loss(pipeline, sample_clips):
     settings = Settings(draft="random", k=3, window="runtime", keep_attention=True, reference="always")
     trace = pipeline.decode(sample_clips[1].clip(), settings)
     assert trace.rounds and trace.steps and trace.verified and trace.reference_frames
     assert all(s.attention is not None and len(s.attention) == trace.segments[0].valid_frames for s in trace.steps)
     assert Trace.from_tables(trace.tables()) == trace
+    assert Trace.from_dict(json.loads(json.dumps(trace.to_dict()))) == trace  # as ranks send it under torchrun
 
 
 def test_verification_peaks_match_a_teacher_forced_pass(pipeline, tiny_en, sample_clips):

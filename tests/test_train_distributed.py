@@ -19,8 +19,8 @@ from specasr import trainset
 from specasr.audio import Clip
 from specasr.dataset import TRAIN_SPEECH_DIR
 from specasr.draft import Draft, load_draft
+from specasr.ranks import joined, leave
 from specasr.targets import load_target
-from specasr.train import distributed
 from specasr.trainset import Example, Source
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -158,6 +158,6 @@ def test_processes_sharing_a_feature_cache_each_make_their_own_shards(tmp_path, 
 
 
 if __name__ == "__main__":
-    rank, world = distributed()
-    prepare_shards(rank, world, Path(sys.argv[1]) / f"rank-{rank}.json")
-    torch.distributed.destroy_process_group()
+    ranks = joined()
+    prepare_shards(ranks.rank, ranks.size, Path(sys.argv[1]) / f"rank-{ranks.rank}.json")
+    leave()

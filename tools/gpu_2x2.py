@@ -24,7 +24,8 @@ from specasr.audio import load_audio
 from specasr.dataset import load_manifest
 from specasr.draft import last_target_layer, load_draft
 from specasr.intervals import pooled_estimate
-from specasr.matched import clip_columns, read_clip, roll_out, round_starts
+from specasr.matched import read_clip, roll_out, round_starts
+from specasr.matched_tables import clip_columns
 from specasr.pipeline import Pipeline
 from specasr.pooled import METRICS
 from specasr.targets import Target

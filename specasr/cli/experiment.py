@@ -25,6 +25,7 @@ from specasr.cli.output import Report, RunStore, json_value, records
 from specasr.experiments import PROTOCOL, REPEATS, Grid, run_grid
 from specasr.intervals import aa_verdict, aa_warning, unreliable_mark
 from specasr.pipeline import Pipeline
+from specasr.ranks import joined, leave
 from specasr.report import AGGREGATION, repetition_note, tables
 
 
@@ -49,8 +50,12 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     report, grid = Report(out_file(args, data_files(str(args.data)))), _grid(args)
     clips, sets = evaluation_clips(args)
-    kept = RunStore(args.db)  # the grid reuses and completes the batches it holds; without it, decodes them all
-    runs = run_grid(Pipeline(kept.store), kept.store, grid, clips, args.repeats)
+    ranks = joined()  # under torchrun, the first rank keeps the store and prints; every rank decodes a share
+    kept = RunStore(args.db, wanted=ranks.first)  # the grid reuses and completes its batches; without it, decodes all
+    runs = run_grid(Pipeline(kept.store), kept.store, grid, clips, args.repeats, ranks=ranks)
+    leave()
+    if runs is None:
+        return 0
     found = tables(kept.store, runs, sets, args.aa_tolerance)  # from the decodes in `runs`: no store needed
     aggregation = f"{sets.rule}; {AGGREGATION}"
     best = found.cells.loc[found.cells.decode_speedup.idxmax()]

@@ -22,19 +22,17 @@ from specasr.cli.options import (
     settings,
 )
 from specasr.cli.output import RunStore, json_value, records
-from specasr.matched import (
-    AGGREGATION,
-    PROTOCOL,
-    STARTS,
+from specasr.matched import AGGREGATION, PROTOCOL, STARTS, run_matched
+from specasr.matched_tables import (
     Condition,
     contrast_table,
     depth_table,
     outcome_table,
     restart_table,
-    run_matched,
     summary_table,
 )
 from specasr.pipeline import Pipeline
+from specasr.ranks import joined, leave
 from specasr.trace import MOST_K, WINDOWS
 
 
@@ -83,8 +81,13 @@ def run(args: argparse.Namespace) -> None:
     names = drafts(args)
     cells = [settings(args, names[0], window=window) for window in args.window]  # every window checked before work
     clips, sets = evaluation_clips(args)
-    cache = RunStore(args.db)  # reference frames and each clip's rollouts as it is done; the command stores no runs
-    conditions = run_matched(Pipeline(cache.store), cells[0], names, list(args.window), clips, sets, args.starts)
+    ranks = joined()  # under torchrun, the first rank keeps the store and prints; every rank rolls out a share
+    cache = RunStore(args.db, wanted=ranks.first)  # reference frames and each clip's rollouts; it stores no runs
+    pipeline = Pipeline(cache.store)
+    conditions = run_matched(pipeline, cells[0], names, list(args.window), clips, sets, args.starts, ranks)
+    leave()
+    if conditions is None:
+        return
     if cache.failure is not None:
         print(f"warning: reference frames not cached in {cache.path}: {cache.failure}", file=sys.stderr)
     found = matched_tables(conditions, args.starts)

@@ -9,8 +9,9 @@ import torch.distributed as dist
 from specasr.align import get_aligner
 from specasr.cache import cache_dir
 from specasr.cli.options import UsageError, add_aligner_option, add_target_options, checked, layers, number
+from specasr.ranks import joined, leave
 from specasr.targets import load_target
-from specasr.train import INITS, VARIANTS, TrainConfig, check_global_batch, distributed, train
+from specasr.train import INITS, VARIANTS, TrainConfig, check_global_batch, train
 from specasr.trainset import data_hash, prepare_examples, training_sources
 
 # TrainConfig fields set by options of the same name
@@ -86,7 +87,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> None:
     config = checked(TrainConfig, **{name: getattr(args, name) for name in CONFIG_FIELDS})
     aligner = get_aligner(args.aligner)
-    rank, world = distributed()
+    ranks = joined()
+    rank, world = ranks.rank, ranks.size
     target = load_target(args.target, process_device(args.device), args.dtype)
     sources = training_sources(args.real, args.real_2, args.espeak, args.hibari, args.data_seed)
     if not any(source.count for source in sources):
@@ -102,8 +104,7 @@ def run(args: argparse.Namespace) -> None:
         draft = train(target, examples, config, out, data_hash(examples), described, args.every_epoch)
         if rank == 0:
             print(f"{draft.name} trained on {len(examples)} examples; saved in {out}")
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    leave()
 
 
 def process_device(device: str) -> str:

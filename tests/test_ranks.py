@@ -1,0 +1,99 @@
+"""Grids and matched rounds under torchrun: two gloo processes on the CPU share out the clips the store lacks, the
+first gathers them, and the tables are those of one process."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from hypothesis import given
+from hypothesis import strategies as st
+from test_resume import stored_clips
+
+from specasr.ranks import Ranks
+from specasr.store import Store
+
+ROOT = Path(__file__).resolve().parents[1]
+ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}  # torchrun's own default: the same float sums in every run
+GRID = [
+    "experiment",
+    "--clips",
+    "3",
+    "--repeats",
+    "1",
+    "--draft",
+    "random",
+    "--k",
+    "2",
+    "--window",
+    "unrestricted,correct",
+]
+MATCHED = ["matched", "--clips", "3", "--draft", "random", "--k", "2", "--window", "unrestricted,correct", "--json"]
+
+
+@given(st.lists(st.floats(0.1, 100), max_size=30), st.integers(1, 5))
+def test_shares_are_disjoint_cover_every_item_and_differ_by_at_most_one_item(sizes, processes):
+    shares = [Ranks(rank, processes).shares(sizes) for rank in range(processes)]
+    assert all(found == shares[0] for found in shares)  # every rank deals the same shares
+    dealt = [i for share in shares[0] for i in share]
+    assert sorted(dealt) == list(range(len(sizes)))
+    loads = [sum(sizes[i] for i in share) for share in shares[0]]
+    assert max(loads) - min(loads) <= max(sizes, default=0)  # each item went to the least loaded rank
+
+
+def specasr(*args: str, processes: int = 0, timeout: int = 600) -> str:
+    """`python -m specasr ARGS`, under torchrun with `processes` gloo processes where above 0; its stdout."""
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"]
+    command = [*launcher, "-m", "specasr"] if processes else [sys.executable, "-m", "specasr"]
+    done = subprocess.run([*command, *args], cwd=ROOT, env=ONE_THREAD, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout
+
+
+def without_speed(record: dict) -> dict:
+    """An experiment's JSON tables but for what the clock measured (and the run ids, which differ by store)."""
+    timed = ("decode_speedup", "total_speedup", "fastest", "run_id")
+    kept = {}
+    for name, value in record.items():
+        if name in ("aa", "aa_warning", "timing") or name.endswith("_run"):
+            continue
+        if isinstance(value, list):
+            value = [{k: v for k, v in row.items() if not k.startswith(timed)} for row in value]
+            value = [row for row in value if "speedup" not in str(row.get("metric", ""))]
+        kept[name] = value
+    return kept
+
+
+def test_a_grid_resumed_by_two_processes_stores_one_batch_and_prints_the_tables_of_one_process(speech, tmp_path):
+    alone = json.loads(specasr(*GRID, "--db", str(tmp_path / "alone.duckdb"), "--json"))
+
+    db = tmp_path / "runs.duckdb"
+    process = held_experiment(db)
+    assert stored_clips(db, process) == 1
+    process.kill()
+    process.communicate(timeout=60)
+    kept = Store(db).runs()
+
+    shared = json.loads(specasr(*GRID, "--db", str(db), "--json", processes=2))  # one JSON object: one rank prints
+    history = Store(db).runs()
+    assert sorted(history.run_id) == sorted(kept.run_id) and (history.decodes == 3).all()  # the batch completed
+    assert shared["baseline_run"] in set(kept.run_id)
+    assert without_speed(shared) == without_speed(alone)
+    assert len(alone["contrasts"]) and len(alone["peaks"])  # the windows compared, the attention peaks read
+    assert shared["cells"][0]["decode_speedup"] > 0
+
+
+def held_experiment(db: Path) -> subprocess.Popen:
+    """The grid in one process, held still once the store keeps its first clip (test_resume's)."""
+    from test_resume import HELD_AFTER_FIRST_CLIP
+
+    args = [sys.executable, "-c", HELD_AFTER_FIRST_CLIP, *GRID, "--db", str(db)]
+    return subprocess.Popen(args, env=ONE_THREAD, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_matched_rounds_rolled_out_by_two_processes_give_the_tables_of_one_process(speech, tmp_path):
+    alone = specasr(*MATCHED, "--db", str(tmp_path / "alone.duckdb"))
+    shared = specasr(*MATCHED, "--db", str(tmp_path / "shared.duckdb"), processes=2)
+    assert json.loads(shared) == json.loads(alone)
+    assert json.loads(alone)["summary"][0]["clips"] == 3
