@@ -419,9 +419,7 @@ def runtime_layer(trace: Trace) -> int:
     """The layer the runtime windows read, as the decode resolved it (from the target for runs stored before)."""
     if trace.target_runtime_layer is not None:
         return trace.target_runtime_layer
-    if trace.settings.runtime_layer is not None:
-        return trace.settings.runtime_layer
-    return pipeline().target(trace.settings).runtime_layer
+    return trace.settings.readout_layer(pipeline().target(trace.settings).runtime_layer)
 
 
 def stored_result(trace: Trace, run_id: str) -> dict:

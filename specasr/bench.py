@@ -2,8 +2,7 @@
 every arm through the pipeline, every ratio against the fastest greedy loop of ours on the device, with a second copy
 of our first greedy loop timed beside them: the A/A check."""
 
-import statistics
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 
 import pandas as pd
 from tqdm import tqdm
@@ -34,31 +33,9 @@ class ArmResult:
     float32_agreement: tuple[float, int] | None = None  # token share, clips alike: against float32 greedy
     copy_of: str | None = None  # the arm this one times again (the A/A check)
 
-    def of_clip(self, clip_hash: str) -> list[Trace]:
-        return [t for t in self.traces if t.clip_hash == clip_hash]
-
     def speeds(self, baseline: "ArmResult") -> dict[str, Interval]:
         """The baseline's time over this arm's, per phase, with its interval (pooled.speeds)."""
         return speeds(arm_columns(clip_results(baseline.traces, self.traces)))
-
-
-@dataclass
-class ClipTiming:
-    clip_id: str
-    arm: str
-    baseline: str  # the fastest of our greedy arms, whose medians the greedy_ columns hold
-    tokens: int  # the arm's transcript tokens
-    greedy_decode: float  # medians over the repetitions, seconds
-    greedy_total: float
-    features: float
-    encoder: float
-    decode: float
-    total: float
-    same_tokens: bool  # every repetition decoded the baseline's tokens
-
-
-def _median(traces: list[Trace], phase: str) -> float:
-    return statistics.median(getattr(t.timings, phase) for t in traces)
 
 
 def _ours_greedy(settings: Settings) -> bool:
@@ -110,27 +87,13 @@ def benchmark(
     if any(result.settings.dtype != "float32" for result in results.values()):
         _check_against_float32(pipeline, clips, results, progress)
     baseline = min(greedy_arms, key=lambda name: sum(t.timings.decode for t in results[name].traces))
+    by_arm = {name: clip_results(results[baseline].traces, result.traces) for name, result in results.items()}
     rows = []
-    for clip in clips:
-        greedy = results[baseline].of_clip(clip.hash)
-        for name, result in results.items():
-            runs = result.of_clip(clip.hash)
-            rows.append(
-                ClipTiming(
-                    clip_id=clip.id,
-                    arm=name,
-                    baseline=baseline,
-                    tokens=len(runs[0].tokens),
-                    greedy_decode=_median(greedy, "decode"),
-                    greedy_total=_median(greedy, "total"),
-                    features=_median(runs, "features"),
-                    encoder=_median(runs, "encoder"),
-                    decode=_median(runs, "decode"),
-                    total=_median(runs, "total"),
-                    same_tokens=all(s.tokens == greedy[0].tokens for s in runs),
-                )
-            )
-    table = pd.DataFrame([asdict(r) for r in rows])
+    for per_arm in zip(*by_arm.values(), strict=True):  # clip by clip, every arm
+        for name, clip in zip(by_arm, per_arm, strict=True):
+            row = {"clip_id": clip.trace.clip_id, "arm": name, "baseline": baseline, "tokens": len(clip.trace.tokens)}
+            rows.append(row | clip.medians() | {"same_tokens": clip.lossless})
+    table = pd.DataFrame(rows)
     table["decode_speedup"] = table.greedy_decode / table.decode
     table["total_speedup"] = table.greedy_total / table.total
     return table, results

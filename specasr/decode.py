@@ -90,11 +90,6 @@ def greedy_tokens(target: Target, memory: Tensor) -> list[int]:
     return greedy(target, memory, memory.shape[1]).tokens
 
 
-def asked_layer(settings: Settings, target: Target) -> int:
-    """The decoder layer the runtime windows would read: the settings' where they name one, else the target's."""
-    return settings.runtime_layer if settings.runtime_layer is not None else target.runtime_layer
-
-
 def checked_layer(layer: int, layers: int) -> int:
     """`layer`, refused where it is not one of a target's `layers` decoder layers."""
     if not 0 <= layer < layers:
@@ -129,7 +124,7 @@ class LoopOptions:
         default), read and checked under the runtime windows only: the others ignore it. A verification pass reads
         every layer to record verification peaks, else the runtime layer for the runtime windows, else none."""
         runtime = settings.window in RUNTIME_WINDOWS
-        layer = checked_layer(asked_layer(settings, target), target.n_layers) if runtime else None
+        layer = checked_layer(settings.readout_layer(target.runtime_layer), target.n_layers) if runtime else None
         layers = tuple(range(target.n_layers)) if settings.verify_peaks else (layer,) if runtime else ()
         return cls(
             k=settings.k,

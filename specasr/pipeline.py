@@ -23,7 +23,7 @@ from torch import Tensor
 from specasr import graphs
 from specasr.align import Aligner, AlignmentError, get_aligner
 from specasr.audio import SAMPLE_RATE, AudioTooLongError, Clip, split_windows
-from specasr.decode import LoopOptions, PhaseTimer, asked_layer, greedy
+from specasr.decode import LoopOptions, PhaseTimer, greedy
 from specasr.draft import Draft, resolve_draft
 from specasr.loops import loop_for
 from specasr.peers import Peer, load_peer
@@ -222,7 +222,7 @@ class Pipeline:
             frame_seconds=target.frame_seconds,
             code=code_version(),
             token_texts=[pieces[token] for token in tokens],
-            target_runtime_layer=asked_layer(settings, target),
+            target_runtime_layer=settings.readout_layer(target.runtime_layer),
             draft_name=draft_name,
             draft_hash=draft_hash,
             segments=segments,

@@ -8,6 +8,7 @@ each clip's median over repetitions. Intervals are paired bootstrap percentile i
 arms, clips resampled within their set, and the sets themselves resampled too unless the intervals condition on them
 (one clip: its repetitions). Repetition noise is the A/A check's to measure (intervals.aa_verdict)."""
 
+import statistics
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -82,9 +83,16 @@ class ClipResult:
     total: tuple[float, ...]
     greedy_decode: tuple[float, ...]
     greedy_total: tuple[float, ...]
+    features: tuple[float, ...]
+    encoder: tuple[float, ...]
     draft: tuple[float, ...]  # seconds in draft passes, repetition by repetition
     verify: tuple[float, ...]  # seconds in verification passes
     lossless: bool  # every repetition gave the greedy tokens
+
+    def medians(self) -> dict[str, float]:
+        """Each phase's median over the repetitions, the baseline's first."""
+        phases = ("greedy_decode", "greedy_total", "features", "encoder", "decode", "total")
+        return {phase: statistics.median(getattr(self, phase)) for phase in phases}
 
 
 def clip_results(baseline: list[Trace], traces: list[Trace], weights: Weighting | None = None) -> list[ClipResult]:
@@ -107,6 +115,8 @@ def clip_results(baseline: list[Trace], traces: list[Trace], weights: Weighting 
                 total=_seconds(repeats, "total"),
                 greedy_decode=_seconds(greedy, "decode"),
                 greedy_total=_seconds(greedy, "total"),
+                features=_seconds(repeats, "features"),
+                encoder=_seconds(repeats, "encoder"),
                 draft=tuple(t.draft_seconds for t in repeats),
                 verify=tuple(t.verify_seconds for t in repeats),
                 lossless=all(t.tokens == greedy[0].tokens for t in repeats),

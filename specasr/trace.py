@@ -118,6 +118,11 @@ class Settings:
         """Draft-tree nodes verified per round: the settings' or K x tree width."""
         return self.tree_nodes if self.tree_nodes is not None else default_nodes(self.k, self.tree_width)
 
+    def readout_layer(self, target_layer: int) -> int:
+        """The decoder layer whose verification peaks the runtime windows read: the settings' where they name one,
+        else `target_layer`, the target's own choice."""
+        return self.runtime_layer if self.runtime_layer is not None else target_layer
+
     @property
     def needs_reference(self) -> bool:
         """Whether the decode needs reference frames: for its window, or because they were asked for."""
