@@ -280,10 +280,11 @@ def _take(runs: list[DecodedRun], wanted: list[Settings]) -> list[DecodedRun] | 
 
 
 def stored_grid(store: Store, target: str) -> GridRuns | None:
-    """The latest experiment on `target` found in the store: its greedy baseline and the baseline's second copy (the
-    first and second baseline run of its batch), the cells decoded beside it (the latest run of each settings) and
-    the latest peaks pass over the same clips; None where there is none."""
-    runs = [run for run in store.decoded(COMMAND) if run.settings.target == target]
+    """The latest whole experiment on `target` found in the store (not a batch an interrupted grid left): its greedy
+    baseline and the baseline's second copy (the first and second baseline run of its batch), the cells decoded
+    beside it (the latest run of each settings) and the latest peaks pass over the same clips; None where there is
+    none."""
+    runs = [run for run in store.decoded(COMMAND) if run.settings.target == target and _whole(run)]
     baselines = [run for run in runs if run.settings.draft is None and not run.settings.verify_peaks]
     if not baselines:
         return None
@@ -298,6 +299,11 @@ def stored_grid(store: Store, target: str) -> GridRuns | None:
     }
     second = copies[0].run_id if copies else None
     return GridRuns(baseline.run_id, peaks[-1].run_id, cells, second) if peaks else None
+
+
+def _whole(run: DecodedRun) -> bool:
+    """Whether the run holds every clip of its batch: not one an interrupted grid left part way."""
+    return run.batch_clips is None or len(_clips(run)) == run.batch_clips
 
 
 def _clips(run: DecodedRun) -> set[str]:

@@ -14,7 +14,7 @@ import pytest
 from test_experiments import BASE, hand_trace
 
 from specasr.cli.matched import matched_tables
-from specasr.experiments import Grid, GridInterrupted, run_grid
+from specasr.experiments import Grid, GridInterrupted, run_grid, stored_grid
 from specasr.kept_rollouts import MatchedInterrupted
 from specasr.matched import run_matched
 from specasr.migrations import SCHEMA_VERSION, migrate
@@ -70,6 +70,7 @@ def test_an_interrupted_grid_keeps_its_finished_clips_and_resumes_to_the_same_ta
         run_grid(stopped, store, GRID, clips, repeats=1)
     kept = store.runs()
     assert len(kept) == PER_CLIP and (kept.decodes == 1).all() and kept.batch.nunique() == 1
+    assert stored_grid(store, GRID.base.target) is None  # a batch part way is no experiment to show
 
     again = CountingPipeline(store)
     runs = run_grid(again, store, GRID, clips, repeats=1)
@@ -80,6 +81,9 @@ def test_an_interrupted_grid_keeps_its_finished_clips_and_resumes_to_the_same_ta
     assert acceptance(store, runs) == expected
     read_back = runs.__class__(runs.baseline, runs.peaks, runs.cells, runs.second_baseline)
     assert acceptance(store, read_back) == expected  # the stored runs, in the clips' order
+    stored = stored_grid(store, GRID.base.target)  # its cells keyed by the settings the runs resolved
+    assert (stored.baseline, stored.peaks, stored.second_baseline) == (runs.baseline, runs.peaks, runs.second_baseline)
+    assert sorted(stored.cells.values()) == sorted(runs.cells.values())
 
     idle = CountingPipeline(store)
     assert run_grid(idle, store, GRID, clips, repeats=1) == runs and idle.decoded == []
