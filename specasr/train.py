@@ -283,9 +283,13 @@ def feature_scale(examples: list[Example], taps: tuple[int, ...]) -> Tensor:
     return rows.std(dim=0)
 
 
-def check_global_batch(batch_size: int, world: int) -> None:
+def check_global_batch(batch_size: int, examples: int, world: int) -> None:
+    """Refuse a global batch, or a training set, too small to give each of `world` processes an example: a process
+    without one would have no batch (epoch_batches), and the draft would be saved untrained."""
     if batch_size < world:
         raise ValueError(f"the batch size is the global batch: it needs an example for each of {world} processes")
+    if examples < world:
+        raise ValueError(f"{examples} training examples cannot give each of {world} processes one")
 
 
 def epoch_batches(n_examples: int, batch_size: int, seed: int, epoch: int, rank: int, world: int) -> list[Tensor]:
@@ -320,7 +324,7 @@ def train(
     (epoch_batches) and only the first writes."""
     ranks = joined()
     rank, world = ranks.rank, ranks.size
-    check_global_batch(config.batch_size, world)
+    check_global_batch(config.batch_size, len(examples), world)
     device = target.device
     torch.manual_seed(config.seed)
     shape = {"taps": tuple(config.taps)} if config.taps else {}

@@ -21,6 +21,7 @@ from specasr.dataset import TRAIN_SPEECH_DIR
 from specasr.draft import Draft, load_draft
 from specasr.ranks import joined, leave
 from specasr.targets import load_target
+from specasr.train import check_global_batch, epoch_batches
 from specasr.trainset import Example, Source
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,6 +102,13 @@ def test_two_processes_train_the_draft_one_process_trains_with_the_same_global_b
     start = Draft(config).state_dict()
     moved = max((two[name] - start[name]).abs().max().item() for name in two)
     assert 0 < moved < 0.01  # six AdamW steps of lr 1e-3 at most from the same start
+
+
+def test_a_training_set_smaller_than_the_processes_is_refused_before_it_trains_nothing():
+    check_global_batch(batch_size=4, examples=2, world=2)  # one example each
+    assert epoch_batches(1, 4, seed=0, epoch=0, rank=0, world=2) == []  # one example for two: no batch at all
+    with pytest.raises(ValueError, match=r"^1 training examples cannot give each of 2 processes one$"):
+        check_global_batch(batch_size=4, examples=1, world=2)
 
 
 def counting_source(name: str, count: int) -> Source:

@@ -93,7 +93,8 @@ def run(args: argparse.Namespace) -> None:
     sources = training_sources(args.real, args.real_2, args.espeak, args.hibari, args.data_seed)
     if not any(source.count for source in sources):
         raise UsageError("no training clips: give at least one of --real, --real-2, --espeak or --hibari above 0")
-    checked(check_global_batch, batch_size=config.batch_size, world=world)
+    clips = sum(source.count for source in sources)
+    checked(check_global_batch, batch_size=config.batch_size, examples=clips, world=world)
     examples = prepare_examples(target, sources, aligner, rank, world)  # under torchrun each makes its own shards
     if args.prepare_only:
         if rank == 0:
