@@ -41,7 +41,7 @@ from specasr import (
     load_audio,
     load_manifest,
     shipped_drafts,
-    spread,
+    spread_clips,
     synthesize_espeak,
     weighting,
 )
@@ -337,7 +337,7 @@ def _followed_clip(current: Followed) -> Clip | None:
 
 def evaluation_clips(count: int) -> tuple[list[Clip], Weighting]:
     """`count` clips spread over the evaluation set, and how its sets weigh them (as the command line's --clips)."""
-    clips, sets = clips_by_set(spread(load_manifest(), count))
+    clips, sets = clips_by_set(spread_clips(load_manifest(), count))
     return clips, weighting(sets)
 
 

@@ -23,11 +23,11 @@ from specasr import (
     compare_traces,
     depth_profile,
     draft_label,
+    experiment_tables,
     grid_traces,
     repetition_note,
     run_grid,
     shipped_drafts,
-    tables,
     unreliable_mark,
     weighting,
 )
@@ -127,7 +127,7 @@ with tab_run:
             grid = Grid(settings, tuple(names), (settings.window,), (settings.k,), (settings.threshold,))
             with st.spinner(f"Decoding {len(clips)} clips under {len(names)} drafts and greedy…"):
                 runs = run_grid(widgets.pipeline(), widgets.store(), grid, clips, repeats, progress.PageBar)
-                found = tables(widgets.store(), runs, sets)
+                found = experiment_tables(widgets.store(), runs, sets)
             st.session_state["checkpoints"] = {
                 "cells": found.cells,
                 "pairs": draft_pairs(runs, sets),

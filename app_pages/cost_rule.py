@@ -14,12 +14,12 @@ from specasr import (
     acceptance,
     correction_pays,
     devices,
+    experiment_tables,
     predicted_speed_change,
     rho,
     run_grid,
     shipped_drafts,
     stored_grid,
-    tables,
 )
 from specasr.views import cost_rule_figure
 
@@ -33,9 +33,9 @@ st.write(
 
 
 @st.cache_data(show_spinner="Computing the experiment's tables (bootstrap intervals)…")
-def experiment_tables(db: str, target: str, runs_key: tuple) -> dict:
+def latest_tables(db: str, target: str, runs_key: tuple) -> dict:
     """The runner's tables for the latest experiment on `target`; `runs_key` names its runs, so a new run refreshes."""
-    found = tables(widgets.store(), stored_grid(widgets.store(), target))
+    found = experiment_tables(widgets.store(), stored_grid(widgets.store(), target))
     return {"runtime": found.runtime, "sweep": found.sweep}
 
 
@@ -100,7 +100,7 @@ if runs is None:
     st.info(f"No experiment on {target} in the store yet: run one above.")
     st.stop()
 key = (runs.baseline, runs.peaks, tuple(sorted(runs.cells.values())))
-found = experiment_tables(str(widgets.store().path), target, key)
+found = latest_tables(str(widgets.store().path), target, key)
 if len(found["runtime"]):
     st.plotly_chart(cost_rule_figure(found["runtime"]), key="rule_figure")
     st.caption(

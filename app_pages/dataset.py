@@ -7,7 +7,17 @@ import streamlit as st
 
 import progress
 import widgets
-from specasr import DEFAULT_SPEECH_DIR, AudioError, Clip, Settings, Utterance, cache_dir, clipset, load_audio, spread
+from specasr import (
+    DEFAULT_SPEECH_DIR,
+    AudioError,
+    Clip,
+    Settings,
+    Utterance,
+    cache_dir,
+    clipset,
+    load_audio,
+    spread_clips,
+)
 
 DEFAULT_CLIPS = 20
 FOLDER, UPLOAD = "a manifest folder", "an upload"
@@ -146,7 +156,7 @@ count = st.number_input(
     min(DEFAULT_CLIPS, len(utterances)),
     key="dataset_count",
 )
-chosen = spread(utterances, count)
+chosen = spread_clips(utterances, count)
 asked = (tuple(u.id for u in chosen), settings)
 if st.button("Decode the set", type="primary", key="decode_set"):
     outcome = decode(chosen, settings, keep_audio=st.session_state["dataset_source"] == UPLOAD)

@@ -15,9 +15,9 @@ from specasr import (
     aa_verdict,
     aa_warning,
     acceptance,
+    bench_summary,
     benchmark,
     store_results,
-    summary,
     word_error_rate,
 )
 from specasr.views import attention_heatmap, drift_figure, round_table, token_rows, tree_figure
@@ -75,7 +75,7 @@ def time_it(clip, settings, repeats: int) -> dict | None:
             return None
         runs, unstored = widgets.try_store(lambda: store_results(widgets.store(), results, "dashboard-bench"))
         status.update(label="Timed", state="complete", expanded=False)
-    rows = summary(table, results).set_index("arm")
+    rows = bench_summary(table, results).set_index("arm")
     timed = {"speed": rows.loc["speculative"], "greedy": rows.loc["greedy"], "aa": aa_check(results)}
     greedy = results["greedy"].settings
     timed["baseline"] = f"{'graphed ' if greedy.graphs else ''}greedy decoding on {greedy.device} ({greedy.dtype})"

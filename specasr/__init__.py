@@ -54,7 +54,7 @@ _EXPORTS = {
     "torch": ("OutOfMemoryError",),
     # clips and their sets
     "specasr.clipset": ("ClipSetError",),
-    "specasr.dataset": ("DEFAULT_SPEECH_DIR", "Utterance", "load_manifest", "spread", "clips_by_set"),
+    "specasr.dataset": ("DEFAULT_SPEECH_DIR", "Utterance", "load_manifest", "clips_by_set"),
     "specasr.cache": ("cache_dir",),
     # the run store
     "specasr.store": ("Store", "StoreError"),
@@ -70,12 +70,18 @@ _EXPORTS = {
     ),
     "specasr.intervals": ("aa_verdict", "aa_warning", "unreliable_mark"),
     "specasr.pooled": ("Weighting", "weighting"),
-    "specasr.bench": ("benchmark", "aa_check", "summary", "store_results"),
+    "specasr.bench": ("benchmark", "aa_check", "store_results"),
     "specasr.experiments": ("Grid", "GridRuns", "REPEATS", "run_grid", "stored_grid", "grid_traces", "draft_label"),
-    "specasr.report": ("tables", "AGGREGATION", "RUNTIME_BASES", "repetition_note"),
+    "specasr.report": ("AGGREGATION", "RUNTIME_BASES", "repetition_note"),
     "specasr.compare": ("Comparison", "DIFFERENCE", "compare_runs", "NoSharedClipError", "Word", "word_diff"),
 }
-_RENAMED = {"compare_traces": ("specasr.compare", "compare")}  # `specasr.compare` is the module's own name
+# Names that say at the top level what their module's name says beside them (and `specasr.compare` is a module)
+_RENAMED = {
+    "compare_traces": ("specasr.compare", "compare"),
+    "spread_clips": ("specasr.dataset", "spread"),
+    "bench_summary": ("specasr.bench", "summary"),
+    "experiment_tables": ("specasr.report", "tables"),
+}
 _MODULES = ("clipset",)  # a dataset decoded clip by clip, resumable: its page uses the module whole
 _HOMES = {name: (module, name) for module, names in _EXPORTS.items() for name in names} | _RENAMED
 
