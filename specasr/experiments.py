@@ -321,7 +321,9 @@ def _decoded(
     """Every slot's decodes of the clips not `stored`, clip by clip as they are done: each rank decodes its share of
     the clips (`Ranks.shares`, by length), and the first rank yields them all, with each slot's decodes of the clip in
     repetition order; the other ranks yield nothing."""
-    left = [i for i, clip in enumerate(clips) if clip.hash not in stored] if slots else []
+    left = [i for i, clip in enumerate(clips) if clip.hash not in stored]
+    if not slots or not left:
+        return
     shares = ranks.shares([len(clips[i].audio) for i in left])
     mine = [left[j] for j in shares[ranks.rank]]
     progress = progress if ranks.first else partial(tqdm, disable=True)

@@ -250,13 +250,13 @@ def run_matched(
         (todo[i].hash, _roll_out_clip(pipeline, settings, cells, todo[i], weights.sets[todo[i].hash], starts))
         for i in shares[ranks.rank]
     )
-    rounds, packed = max(map(len, shares), default=0), partial(pack_clip, cells=list(cells))
+    rounds = max(map(len, shares), default=0)
+    encode, decode = partial(pack_clip, cells=list(cells)), partial(unpack_clip, cells=list(cells))
     rolled = {}
-    with tqdm(
-        total=len(chosen), initial=len(chosen) - len(todo), desc="matched rounds", unit="clip", disable=not ranks.first
-    ) as bar:
+    done = len(chosen) - len(todo)
+    with tqdm(total=len(chosen), initial=done, desc="matched rounds", unit="clip", disable=not ranks.first) as bar:
         try:
-            for _, (clip_hash, arrays) in ranks.gathered(own, rounds, packed, partial(unpack_clip, cells=list(cells))):
+            for _, (clip_hash, arrays) in ranks.gathered(own, rounds, encode, decode):
                 kept.put(clip_hash, arrays)
                 rolled[clip_hash] = arrays
                 bar.update()
