@@ -124,6 +124,7 @@ def run_grid(
     Under torchrun (`ranks`), every rank decodes a share of the clips the store lacks, each clip's decodes on one
     rank; the first rank alone reads and writes the store (the others pass None) and returns the runs, the others
     None."""
+    ranks.check_timed_alike(grid.base.device)
     cells = {settings: pipeline.resolved(settings) for settings in grid.cells()}
     baseline, peaks = pipeline.resolved(grid.baseline()), pipeline.resolved(grid.peaks())
     timed = [baseline, *dict.fromkeys(cells.values()), baseline]  # the copy last, away from the baseline

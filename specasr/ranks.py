@@ -6,12 +6,15 @@ CPU: they are small next to the work that makes them.
 import heapq
 import json
 import os
+import socket
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TypeVar
 
 import torch
 import torch.distributed as dist
+
+from specasr.trace import SettingsError, code_version
 
 T = TypeVar("T")
 
@@ -48,6 +51,30 @@ class Ranks:
         buffer = _tensor(data, int(length))
         dist.broadcast(buffer, src=0)
         return json.loads(bytes(buffer.numpy()))
+
+    def everyones(self, value: T) -> list[T]:
+        """Every rank's value (anything JSON holds) on every rank, in rank order."""
+        if self.size == 1:
+            return [value]
+        data = json.dumps(value).encode()
+        lengths = [torch.zeros(1, dtype=torch.int64) for _ in range(self.size)]
+        dist.all_gather(lengths, torch.tensor([len(data)]))
+        longest = max(int(n) for n in lengths)
+        found = [torch.empty(longest, dtype=torch.uint8) for _ in range(self.size)]
+        dist.all_gather(found, _tensor(data, longest))
+        return [json.loads(bytes(t[: int(n)].numpy())) for t, n in zip(found, lengths, strict=True)]
+
+    def check_timed_alike(self, device: str) -> None:
+        """Refuse processes that would time one grid apart from each other's code or on a shared GPU: a batch is
+        one code version, and a process timed beside another on its GPU times both. Every rank raises alike."""
+        if self.size == 1:
+            return
+        if len({json.dumps(version) for version in self.everyones(asdict(code_version()))}) > 1:
+            raise SettingsError("the processes run different code (commit or uncommitted changes): one batch, one code")
+        if device.startswith("cuda"):
+            places = self.everyones([socket.gethostname(), torch.cuda.current_device()])
+            if len({tuple(place) for place in places}) < self.size:
+                raise SettingsError(f"{self.size} processes share GPUs: give each its own (--nproc-per-node <= GPUs)")
 
     def gathered(
         self, own: Iterable[T], rounds: int, encode: Callable[[T], bytes], decode: Callable[[bytes], T]

@@ -7,15 +7,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 from test_resume import stored_clips
 
-from specasr.ranks import Ranks
+from specasr import ranks as specasr_ranks
+from specasr.ranks import Ranks, joined, leave
 from specasr.store import Store
+from specasr.trace import CodeVersion, SettingsError
 
 ROOT = Path(__file__).resolve().parents[1]
-ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}  # torchrun's own default: the same float sums in every run
+# One thread, torchrun's own default: the same float sums in every run
+ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 GRID = [
     "experiment",
     "--clips",
@@ -42,13 +46,17 @@ def test_shares_are_disjoint_cover_every_item_and_differ_by_at_most_one_item(siz
     assert max(loads) - min(loads) <= max(sizes, default=0)  # each item went to the least loaded rank
 
 
-def specasr(*args: str, processes: int = 0, timeout: int = 600) -> str:
-    """`python -m specasr ARGS`, under torchrun with `processes` gloo processes where above 0; its stdout."""
+def run(*command: str, processes: int = 0) -> str:
+    """`python COMMAND`, under torchrun with `processes` gloo processes where above 0; its stdout."""
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"]
-    command = [*launcher, "-m", "specasr"] if processes else [sys.executable, "-m", "specasr"]
-    done = subprocess.run([*command, *args], cwd=ROOT, env=ONE_THREAD, capture_output=True, text=True, timeout=timeout)
+    command = [*(launcher if processes else [sys.executable]), *command]
+    done = subprocess.run(command, cwd=ROOT, env=ONE_THREAD, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done.stdout
+
+
+def specasr(*args: str, processes: int = 0) -> str:
+    return run("-m", "specasr", *args, processes=processes)
 
 
 def without_speed(record: dict) -> dict:
@@ -97,3 +105,36 @@ def test_matched_rounds_rolled_out_by_two_processes_give_the_tables_of_one_proce
     shared = specasr(*MATCHED, "--db", str(tmp_path / "shared.duckdb"), processes=2)
     assert json.loads(shared) == json.loads(alone)
     assert json.loads(alone)["summary"][0]["clips"] == 3
+
+
+def test_processes_that_run_different_code_or_share_a_gpu_are_refused_by_every_one(tmp_path):
+    run(__file__, str(tmp_path), processes=2)
+    said = [json.loads((tmp_path / f"rank-{rank}.json").read_text()) for rank in (0, 1)]
+    shared = "2 processes share GPUs: give each its own (--nproc-per-node <= GPUs)"
+    different = "the processes run different code (commit or uncommitted changes): one batch, one code"
+    assert said == [{"alike": None, "one GPU": shared, "one differs": different}] * 2
+
+
+def refusal(ranks: Ranks, device: str) -> str | None:
+    try:
+        ranks.check_timed_alike(device)
+    except SettingsError as error:
+        return str(error)
+    return None
+
+
+def check_processes(log: Path) -> None:
+    """This process's checks, as JSON in `log`: as it runs, as if on the GPU the other has, with other code."""
+    ranks = joined()
+    said = {"alike": refusal(ranks, "cpu")}
+    torch.cuda.current_device = lambda: 0
+    said["one GPU"] = refusal(ranks, "cuda")
+    if ranks.rank == 1:
+        specasr_ranks.code_version = lambda: CodeVersion("0.0.0", "another commit", False)
+    said["one differs"] = refusal(ranks, "cpu")
+    (log / f"rank-{ranks.rank}.json").write_text(json.dumps(said))
+    leave()
+
+
+if __name__ == "__main__":
+    check_processes(Path(sys.argv[1]))
