@@ -43,26 +43,13 @@ class Ranks:
 
     def broadcast(self, value: T) -> T:
         """The first rank's value (anything JSON holds) on every rank."""
-        if self.size == 1:
-            return value
-        data = json.dumps(value).encode() if self.first else b""
-        length = torch.tensor([len(data)])
-        dist.broadcast(length, src=0)
-        buffer = _tensor(data, int(length))
-        dist.broadcast(buffer, src=0)
-        return json.loads(bytes(buffer.numpy()))
+        return self.everyones(value if self.first else None)[0]
 
     def everyones(self, value: T) -> list[T]:
         """Every rank's value (anything JSON holds) on every rank, in rank order."""
         if self.size == 1:
             return [value]
-        data = json.dumps(value).encode()
-        lengths = [torch.zeros(1, dtype=torch.int64) for _ in range(self.size)]
-        dist.all_gather(lengths, torch.tensor([len(data)]))
-        longest = max(int(n) for n in lengths)
-        found = [torch.empty(longest, dtype=torch.uint8) for _ in range(self.size)]
-        dist.all_gather(found, _tensor(data, longest))
-        return [json.loads(bytes(t[: int(n)].numpy())) for t, n in zip(found, lengths, strict=True)]
+        return [json.loads(data) for data in self._all_bytes(json.dumps(value).encode())]
 
     def check_timed_alike(self, device: str) -> None:
         """Refuse processes that would time one grid apart from each other's code or on a shared GPU: a batch is
@@ -81,24 +68,26 @@ class Ranks:
     ) -> Iterator[tuple[int, T]]:
         """Every rank's items, each with the rank that made it, on the first rank: `rounds` times, each rank makes its
         next item of `own` (or none, once its share is done) and sends it; the first rank yields them as the round
-        ends. The other ranks yield nothing. Alone, `own` passes through as it is."""
+        ends. The other ranks yield nothing. Alone, `own` passes through as it is. Every rank receives every item:
+        simpler than a gather, and small next to the decodes that make them."""
         if self.size == 1:
             yield from ((0, item) for item in own)
             return
         own = iter(own)
         for _ in range(rounds):
             item = next(own, None)
-            payloads = self._gather(b"" if item is None else encode(item))
-            yield from ((rank, decode(payload)) for rank, payload in enumerate(payloads) if payload)
+            payloads = self._all_bytes(b"" if item is None else encode(item))
+            if self.first:
+                yield from ((rank, decode(payload)) for rank, payload in enumerate(payloads) if payload)
 
-    def _gather(self, payload: bytes) -> list[bytes]:
-        """Every rank's bytes on the first rank (the others get nothing)."""
+    def _all_bytes(self, data: bytes) -> list[bytes]:
+        """Every rank's bytes on every rank, in rank order."""
         lengths = [torch.zeros(1, dtype=torch.int64) for _ in range(self.size)]
-        dist.all_gather(lengths, torch.tensor([len(payload)]))
+        dist.all_gather(lengths, torch.tensor([len(data)]))
         longest = max(int(n) for n in lengths)
-        found = [torch.empty(max(longest, 1), dtype=torch.uint8) for _ in range(self.size)] if self.first else None
-        dist.gather(_tensor(payload, longest), found, dst=0)
-        return [bytes(t[: int(n)].numpy()) for t, n in zip(found, lengths, strict=True)] if self.first else []
+        found = [torch.empty(max(longest, 1), dtype=torch.uint8) for _ in range(self.size)]
+        dist.all_gather(found, _tensor(data, longest))
+        return [bytes(t[: int(n)].numpy()) for t, n in zip(found, lengths, strict=True)]
 
 
 ALONE = Ranks()
