@@ -173,7 +173,7 @@ class Pipeline:
         """Each window decoded in turn, its tokens and rows following the previous window's: the segments, and
         what the loop made of them all."""
         target = self.target(settings)
-        draft = self._draft(settings)[0] if settings.draft is not None else None
+        draft = self.draft(settings)
         segments, decoded = [], Decoded([])
         with self._steps.lend() as captured:
             loop = loop_for(target, draft, settings, captured) if peer is None else None

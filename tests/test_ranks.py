@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from test_resume import stored_clips
+from test_resume import start_experiment, stored_clips
 
 from specasr import ranks as specasr_ranks
 from specasr.ranks import Ranks, joined, leave
@@ -77,7 +77,7 @@ def test_a_grid_resumed_by_two_processes_stores_one_batch_and_prints_the_tables_
     alone = json.loads(specasr(*GRID, "--db", str(tmp_path / "alone.duckdb"), "--json"))
 
     db = tmp_path / "runs.duckdb"
-    process = held_experiment(db)
+    process = start_experiment(db, GRID, ONE_THREAD)
     assert stored_clips(db, process) == 1
     process.kill()
     process.communicate(timeout=60)
@@ -90,21 +90,6 @@ def test_a_grid_resumed_by_two_processes_stores_one_batch_and_prints_the_tables_
     assert without_speed(shared) == without_speed(alone)
     assert len(alone["contrasts"]) and len(alone["peaks"])  # the windows compared, the attention peaks read
     assert shared["cells"][0]["decode_speedup"] > 0
-
-
-def held_experiment(db: Path) -> subprocess.Popen:
-    """The grid in one process, held still once the store keeps its first clip (test_resume's)."""
-    from test_resume import HELD_AFTER_FIRST_CLIP
-
-    args = [sys.executable, "-c", HELD_AFTER_FIRST_CLIP, *GRID, "--db", str(db)]
-    return subprocess.Popen(args, env=ONE_THREAD, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def test_matched_rounds_rolled_out_by_two_processes_give_the_tables_of_one_process(speech, tmp_path):
-    alone = specasr(*MATCHED, "--db", str(tmp_path / "alone.duckdb"))
-    shared = specasr(*MATCHED, "--db", str(tmp_path / "shared.duckdb"), processes=2)
-    assert json.loads(shared) == json.loads(alone)
-    assert json.loads(alone)["summary"][0]["clips"] == 3
 
 
 def test_processes_that_run_different_code_or_share_a_gpu_are_refused_by_every_one(tmp_path):

@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -164,9 +165,12 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def start_experiment(db: Path) -> subprocess.Popen:
-    args = [sys.executable, "-c", HELD_AFTER_FIRST_CLIP, *COMMAND, "--window", "unrestricted", "--db", str(db)]
-    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def start_experiment(
+    db: Path, command: Sequence[str] = (*COMMAND, "--window", "unrestricted"), env: dict | None = None
+) -> subprocess.Popen:
+    """The experiment `command` in a process of its own, held once the store keeps its first clip."""
+    args = [sys.executable, "-c", HELD_AFTER_FIRST_CLIP, *command, "--db", str(db)]
+    return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def stored_clips(db: Path, process: subprocess.Popen) -> int:
