@@ -92,6 +92,13 @@ def test_a_grid_resumed_by_two_processes_stores_one_batch_and_prints_the_tables_
     assert shared["cells"][0]["decode_speedup"] > 0
 
 
+def test_matched_rounds_rolled_out_by_two_processes_give_the_tables_of_one_process(speech, tmp_path):
+    alone = specasr(*MATCHED, "--db", str(tmp_path / "alone.duckdb"))
+    shared = specasr(*MATCHED, "--db", str(tmp_path / "shared.duckdb"), processes=2)
+    assert json.loads(shared) == json.loads(alone)
+    assert json.loads(alone)["summary"][0]["clips"] == 3
+
+
 def test_processes_that_run_different_code_or_share_a_gpu_are_refused_by_every_one(tmp_path):
     run(__file__, str(tmp_path), processes=2)
     said = [json.loads((tmp_path / f"rank-{rank}.json").read_text()) for rank in (0, 1)]
