@@ -14,6 +14,7 @@ import streamlit as st
 from specasr import (
     BUILTIN_TARGETS,
     DEFAULT_MAX_SECONDS,
+    DRAFT_PRECISIONS,
     DTYPES,
     MOST_TREE_WIDTH,
     REFERENCE_WINDOWS,
@@ -99,7 +100,7 @@ def _set_sidebar(values: dict) -> None:
         "device": devices(),
         "dtype": list(DTYPES),
         "draft": [*shipped_drafts(target), "random", "random-no-audio"],
-        "draft_dtype": [AS_TARGET, *DTYPES],
+        "draft_dtype": [AS_TARGET, *DRAFT_PRECISIONS],
         "window": list(WINDOWS),
     }
     ranges = {"k": (1, MOST_K), "threshold": (0.0, 0.95), "half_width": (20.0, 5000.0), "runtime_layer": (-1, 63)}
@@ -174,7 +175,9 @@ def settings_sidebar(windows: bool = True) -> Settings:
     bar.caption("Decoding on the GPU." if device.startswith("cuda") else "Decoding on the CPU.")
     dtype = select(bar, "Target dtype", list(DTYPES), key="dtype")
     draft = select(bar, "Draft", [*shipped_drafts(target), "random", "random-no-audio"], key="draft")
-    draft_dtype = select(bar, "Draft dtype", [AS_TARGET, *DTYPES], key="draft_dtype", help="float16 is faster on CPU")
+    draft_dtype = select(
+        bar, "Draft dtype", [AS_TARGET, *DRAFT_PRECISIONS], key="draft_dtype", help="int8 and float16 are faster on CPU"
+    )
     k = bar.slider("K (most proposals per round)", 1, MOST_K, DEFAULT.k, key="k")
     width, nodes = tree_controls(bar, k)
     window = select(bar, "Draft attention window", list(WINDOWS), key="window") if windows else "unrestricted"

@@ -39,6 +39,7 @@ _EXPORTS = {
         "WINDOWS",
         "REFERENCE_WINDOWS",
         "RUNTIME_WINDOWS",
+        "DRAFT_PRECISIONS",
         "MOST_TREE_WIDTH",
         "candidate_count",
         "default_nodes",

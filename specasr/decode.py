@@ -299,7 +299,7 @@ class _SpeculativeLoop:
         centres = torch.cat([caught_up[last : last + 1], self.policy.centres(verified + 1, k - 1, verified)])
         rows = slice(last, last + 1)
         root = DraftOutput(
-            out.hidden[:, rows], out.features[:, rows], None if out.attention is None else out.attention[:, rows]
+            out.hidden[:, rows], out.state[:, rows], None if out.attention is None else out.attention[:, rows]
         )
         stop_below = self.options.threshold if self.stops_early else None
         depths = max(1, min(k, budget))
@@ -310,5 +310,6 @@ class _SpeculativeLoop:
         return candidates, centres
 
     def _mask(self, centres: Tensor) -> Tensor | None:
-        """Which of the valid audio frames the draft may attend."""
-        return self.policy.mask(centres) if self.draft.config.audio else None
+        """Which of the valid audio frames the draft may attend; None for all of them, which its cache holds."""
+        restricted = self.draft.config.audio and self.options.window != "unrestricted"
+        return self.policy.mask(centres) if restricted else None

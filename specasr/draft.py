@@ -18,9 +18,12 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from specasr.targets import Target
+from specasr.targets import DTYPES, Target
 from specasr.targets.base import TreeRows, attention_mask, step_positions
-from specasr.targets.packed import PackedLinears
+from specasr.targets.packed import FBGEMM, PackedLinears, version_stamp
+from specasr.trace import DRAFT_PRECISIONS
+
+PACKED_ON_CPU = ("float16", "int8")  # weights fbgemm computes with in float32 on a CPU
 
 
 @dataclass
@@ -77,8 +80,8 @@ class DraftCache:
 
 @dataclass
 class DraftOutput:
-    hidden: Tensor  # (batch, T, d_model): the output state; `Draft.logits` turns rows of it into token scores
-    features: Tensor  # (batch, T, len(taps) * d_model): predicted target features for the next position
+    hidden: Tensor  # (batch, T, d_model): the normed output; `Draft.logits` turns rows of it into token scores
+    state: Tensor  # (batch, T, d_model): the block's output before the norm, which the draft's next step reads back
     attention: Tensor | None  # (batch, T, frames): audio attention averaged over heads
 
 
@@ -102,19 +105,31 @@ class Draft(nn.Module):
         self.out_norm = nn.LayerNorm(d)
         self.feature_head = nn.Linear(d, n_features)
         self.head_dim = d // config.n_heads
+        self.precision = "float32"
         self._frozen: dict[str, Tensor | nn.Linear] = {}
+        self._folded: dict[bool, tuple[tuple, nn.Linear]] = {}
         self._linear = PackedLinears()
 
-    def attach(self, target: Target, dtype: torch.dtype | None = None) -> "Draft":
+    def attach(self, target: Target, precision: str | None = None) -> "Draft":
         """Borrow the target's frozen token embedding, positions (if it has learned ones) and LM head (never saved
         with the draft).
 
-        dtype: the draft's own precision, the target's by default. It may differ from the target's: inputs are cast
-        where they enter (a float16 draft on a float32 target streams half the bytes per step on a CPU).
+        precision: the draft's weights (`DRAFT_PRECISIONS`), the target's dtype by default. On a CPU, float16 and
+        int8 weights are packed for fbgemm, which computes in float32 (specasr.targets.packed): a step then reads a
+        half or a quarter of float32's bytes. Elsewhere the draft runs in the dtype named, and int8 is refused.
+        Inputs are cast where they enter, so the draft's precision may differ from the target's.
         """
         check_fits(self.config, target)
-        dtype = dtype or target.dtype
+        if precision not in (None, *DRAFT_PRECISIONS):
+            choices = ", ".join(DRAFT_PRECISIONS)
+            raise DraftMismatchError(f"unknown draft precision {precision!r}; choose one of {choices}")
         head = target.frozen_head()
+        packed = precision in PACKED_ON_CPU and head.embedding.device.type == "cpu" and FBGEMM
+        if precision == "int8" and not packed:
+            raise DraftMismatchError("int8 draft weights run through fbgemm, on a CPU only")
+        dtype = torch.float32 if packed else DTYPES[precision] if precision else target.dtype
+        self.precision = precision or str(dtype).removeprefix("torch.")
+        self._linear = PackedLinears(precision if packed else "float32")
         vocab = self.config.vocab_ids
         draft_ids = torch.arange(self.config.vocab_size) if vocab is None else torch.tensor(vocab)
         draft_ids = draft_ids.to(head.embedding.device)
@@ -177,15 +192,55 @@ class Draft(nn.Module):
     def _merge(self, x: Tensor) -> Tensor:
         return x.transpose(1, 2).reshape(x.shape[0], x.shape[2], self.config.d_model)
 
-    def embed(self, features: Tensor, tokens: Tensor, positions: Tensor) -> Tensor:
-        """The block's input from target features (batch, T, F), tokens x_{t+1} (batch, T) and positions t (T,)."""
+    def embed(self, features: Tensor, tokens: Tensor, positions: Tensor, carried: bool = False) -> Tensor:
+        """The block's input from target features (batch, T, F), tokens x_{t+1} (batch, T) and positions t (T,).
+
+        carried: `features` are the states of the draft's own last steps (`DraftOutput.state`), whose target
+        features it predicts with its feature head first. Where no gradients are recorded (and torch.compile does
+        not trace), the feature head, fusion and combination run as the one linear layer they make together
+        (`_folded_inputs`).
+        """
         embedded = self._frozen["embedding"][tokens]
         if "positions" in self._frozen:  # rows past the table only pad a block or run past the length limit
             table = self._frozen["positions"]
             embedded = embedded + table[positions.clamp(max=table.shape[0] - 1)]
-        embedded = embedded.to(self.dtype)
-        fused = self._linear(self.fuse, features.to(self.dtype))
-        return self._linear(self.combine, torch.cat([fused, embedded], dim=-1))
+        inputs = torch.cat([features.to(self.dtype), embedded.to(self.dtype)], dim=-1)
+        recording = torch.is_grad_enabled() and self.fuse.weight.requires_grad
+        if not (recording or torch.compiler.is_compiling()):  # inductor folds what it traces itself
+            return self._linear(self._folded_inputs(carried), inputs)
+        features, embedded = inputs.split([features.shape[-1], self.config.d_model], dim=-1)
+        if carried:
+            features = self.predict_features(features)
+        return self._linear(self.combine, torch.cat([self._linear(self.fuse, features), embedded], dim=-1))
+
+    def predict_features(self, state: Tensor) -> Tensor:
+        """(…, len(taps) * d_model): the target features the draft predicts for the next position from its state."""
+        return self._linear(self.feature_head, state)
+
+    def _folded_inputs(self, carried: bool) -> nn.Linear:
+        """fuse then combine (after the feature head, for carried states) as one linear layer over the features and
+        the token embedding side by side: a product of linear maps is a linear map, so a step runs one product
+        where it ran two or three (the same step, but for rounding). Folded again once a weight has changed."""
+        sources = [self.fuse, self.combine, *([self.feature_head] if carried else [])]
+        stamp = tuple(version_stamp(t) for layer in sources for t in (layer.weight, layer.bias))
+        kept = self._folded.get(carried)
+        if kept is None or kept[0] != stamp:
+            kept = self._folded[carried] = (stamp, self._fold(carried))
+        return kept[1]
+
+    @torch.no_grad()
+    def _fold(self, carried: bool) -> nn.Linear:
+        fuse, fuse_bias = self.fuse.weight.double(), self.fuse.bias.double()
+        if carried:
+            head = self.feature_head
+            fuse, fuse_bias = fuse @ head.weight.double(), fuse @ head.bias.double() + fuse_bias
+        from_fused, from_token = self.combine.weight.double().split(self.config.d_model, dim=1)
+        weight = torch.cat([from_fused @ fuse, from_token], dim=1)
+        bias = from_fused @ fuse_bias + self.combine.bias.double()
+        layer = nn.Linear(weight.shape[1], weight.shape[0], device="meta")
+        layer.weight = nn.Parameter(weight.to(self.dtype), requires_grad=False)
+        layer.bias = nn.Parameter(bias.to(self.dtype), requires_grad=False)
+        return layer
 
     def self_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         projected = self._linear(self.qkv, self.self_norm(x))
@@ -199,11 +254,12 @@ class Draft(nn.Module):
         values: Tensor,
         self_mask: Tensor,
         audio: tuple[Tensor, Tensor] | None,
-        audio_mask: Tensor,
+        audio_mask: Tensor | None,
     ) -> DraftOutput:
         """The rest of the block once queries and the visible keys/values are known.
 
-        self_mask: (…, T, keys) which keys each step sees; audio_mask: (batch | 1, T | 1, frames) which frames.
+        self_mask: (…, T, keys) which keys each step sees, None for all; audio_mask: (batch | 1, T | 1, frames) which
+        frames, None for all.
         """
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=self_mask)
         x = x + self._linear(self.self_out, self._merge(out))
@@ -212,12 +268,14 @@ class Draft(nn.Module):
             audio_keys, audio_values = audio
             q = self._heads(self._linear(self.audio_q, self.audio_norm(x)))
             scores = (q @ audio_keys.transpose(-1, -2)) * self.head_dim**-0.5
-            weights = scores.masked_fill(~audio_mask.unsqueeze(1), float("-inf")).softmax(dim=-1)
+            if audio_mask is not None:
+                scores = scores.masked_fill(~audio_mask.unsqueeze(1), float("-inf"))
+            weights = scores.softmax(dim=-1)
             x = x + self._linear(self.audio_out, self._merge(weights @ audio_values))
             attention = weights.mean(dim=1)
         inner, activation, outer = self.ffn
         x = x + self._linear(outer, activation(self._linear(inner, self.ffn_norm(x))))
-        return DraftOutput(hidden=self.out_norm(x), features=self._linear(self.feature_head, x), attention=attention)
+        return DraftOutput(hidden=self.out_norm(x), state=x, attention=attention)
 
     def forward(
         self,
@@ -227,8 +285,10 @@ class Draft(nn.Module):
         window: Tensor | None = None,
         positions: Tensor | None = None,
         tree: TreeRows | None = None,
+        carried: bool = False,
     ) -> DraftOutput:
-        """Steps at slots cache.length.. for target features (batch, T, F) and tokens x_{t+1} (batch, T).
+        """Steps at slots cache.length.. for target features (batch, T, F) and tokens x_{t+1} (batch, T), or with
+        `carried` for the states of the draft's own last steps (`DraftOutput.state`, (batch, T, d_model)).
 
         window: (batch, T, frames) boolean over the cache's audio frames, the ones each step may attend; None
         allows every valid frame.
@@ -238,17 +298,16 @@ class Draft(nn.Module):
         tree: the steps' own positions and what they see, where they expand a tree of candidates.
         """
         slots, end = step_positions(cache, tokens.shape[1], positions, tokens.device)
-        x = self.embed(features, tokens, slots if tree is None else tree.positions)
+        x = self.embed(features, tokens, slots if tree is None else tree.positions, carried)
         q, k, v = self.self_qkv(x)
         cache.keys.index_copy_(2, slots, k)
         cache.values.index_copy_(2, slots, v)
         visible = cache.capacity if cache.static else end
-        mask = attention_mask(slots, visible, tree)
-        audio, frames = None, 0
-        if self.config.audio:
-            audio, frames = (cache.audio_keys, cache.audio_values), cache.audio_keys.shape[2]
-        if window is None:
-            window = (torch.arange(frames, device=x.device) < cache.valid_frames)[None, None]
+        last_row = tree is None and not cache.static and tokens.shape[1] == 1  # sees every key: no mask to build
+        mask = None if last_row else attention_mask(slots, visible, tree)
+        audio = (cache.audio_keys, cache.audio_values) if self.config.audio else None
+        if window is None and cache.static:  # a static cache holds padding frames too
+            window = (torch.arange(cache.frames, device=x.device) < cache.valid_frames)[None, None]
         return self.block(x, q, cache.keys[:, :, :visible], cache.values[:, :, :visible], mask, audio, window)
 
     def logits(self, hidden: Tensor) -> Tensor:
@@ -337,12 +396,10 @@ def start_from_target_layer(draft: Draft, target: Target) -> None:
     draft.combine.bias.zero_()
 
 
-def random_draft(
-    target: Target, audio: bool = True, seed: int = 0, dtype: torch.dtype | None = None, **overrides
-) -> Draft:
+def random_draft(target: Target, audio: bool = True, seed: int = 0, precision: str | None = None, **overrides) -> Draft:
     """An untrained draft with seeded weights: valid for lossless checks, useless for speed."""
     torch.manual_seed(seed)
-    return Draft(DraftConfig.for_target(target, audio=audio, **overrides)).attach(target, dtype).eval()
+    return Draft(DraftConfig.for_target(target, audio=audio, **overrides)).attach(target, precision).eval()
 
 
 def save_draft(draft: Draft, path: Path, dtype: torch.dtype = torch.float16, config: DraftConfig | None = None) -> None:
@@ -355,9 +412,9 @@ def save_draft(draft: Draft, path: Path, dtype: torch.dtype = torch.float16, con
     (path / "config.json").write_text(json.dumps(asdict(config or draft.config), indent=2))
 
 
-def load_draft(path: Path, target: Target, dtype: torch.dtype | None = None) -> Draft:
-    """A saved draft attached to `target` (in `dtype`, the target's by default); fails clearly when it was made
-    for a different target."""
+def load_draft(path: Path, target: Target, precision: str | None = None) -> Draft:
+    """A saved draft attached to `target` (in `precision`, the target's dtype by default); fails clearly when it was
+    made for a different target."""
     path = Path(path)
     config_file, weights_file = path / "config.json", path / "draft.safetensors"
     if not (config_file.is_file() and weights_file.is_file()):
@@ -377,7 +434,7 @@ def load_draft(path: Path, target: Target, dtype: torch.dtype | None = None) -> 
         draft.load_state_dict(weights)
     except RuntimeError as error:
         raise DraftMismatchError(f"{weights_file} does not match its config: {error}") from error
-    return draft.attach(target, dtype).eval().requires_grad_(False)
+    return draft.attach(target, precision).eval().requires_grad_(False)
 
 
 SHIPPED_DRAFTS = Path(__file__).resolve().parents[1] / "drafts"
@@ -389,9 +446,9 @@ def shipped_drafts(target: str | None = None) -> list[str]:
     return [n for n in names if target is None or n.startswith(f"{target}/")]
 
 
-def resolve_draft(name: str, target: Target, dtype: torch.dtype | None = None) -> Draft:
+def resolve_draft(name: str, target: Target, precision: str | None = None) -> Draft:
     """A draft by name: `random` / `random-no-audio`, a shipped name, or a checkpoint folder."""
     if name in ("random", "random-no-audio"):
-        return random_draft(target, audio=name == "random", dtype=dtype)
+        return random_draft(target, audio=name == "random", precision=precision)
     shipped = SHIPPED_DRAFTS / name
-    return load_draft(shipped if (shipped / "config.json").is_file() else Path(name), target, dtype)
+    return load_draft(shipped if (shipped / "config.json").is_file() else Path(name), target, precision)

@@ -381,7 +381,7 @@ class RoundSteps:
         out = draft(state.features, state.inputs, self.draft_cache, policy.mask(caught_up, frames), first + rows)
         centres = torch.cat([caught_up.index_select(0, last), policy.centres(verified + 1, k - 1, verified)])
         attention = None if out.attention is None else out.attention.index_select(1, last)
-        root = DraftOutput(out.hidden.index_select(1, last), out.features.index_select(1, last), attention)
+        root = DraftOutput(out.hidden.index_select(1, last), out.state.index_select(1, last), attention)
         window = lambda centres: policy.mask(centres, frames)  # noqa: E731
         candidates = tree.grow(draft, root, self.draft_cache, position, centres, window, self.options.width, k)
         chosen = tree.choose(candidates, self.options.nodes)

@@ -183,7 +183,7 @@ def _catch_up(draft: Draft, view: ClipView, cache: DraftCache, mask: torch.Tenso
 
 def _row(out: DraftOutput, row: int) -> DraftOutput:
     """One row of the draft's output, a round's root."""
-    return DraftOutput(*(None if x is None else x[:, row : row + 1] for x in (out.hidden, out.features, out.attention)))
+    return DraftOutput(*(None if x is None else x[:, row : row + 1] for x in (out.hidden, out.state, out.attention)))
 
 
 def _round(candidates: tree.Candidates, nodes: int, truth: torch.Tensor, eot: int, k: int) -> tuple[list, ...]:

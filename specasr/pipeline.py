@@ -32,7 +32,7 @@ from specasr.records import Decoded, Origin
 from specasr.reference import ClipReference, align_tokens, check_reference_length, read_reference_file
 from specasr.steppool import StepPool
 from specasr.store import Store, StoreError
-from specasr.targets import DTYPES, Target, load_target
+from specasr.targets import Target, load_target
 from specasr.trace import (
     REFERENCE_SOURCES,
     RUNTIME_WINDOWS,
@@ -87,8 +87,7 @@ class Pipeline:
         key = (settings.target, settings.device, settings.dtype, settings.draft, settings.draft_dtype)
 
         def make() -> tuple[Draft, str, str]:
-            dtype = DTYPES[settings.draft_dtype] if settings.draft_dtype else None
-            draft = resolve_draft(settings.draft, self.target(settings), dtype)
+            draft = resolve_draft(settings.draft, self.target(settings), settings.draft_dtype)
             return draft, draft.name, draft.weights_hash()  # hashing the weights takes a while
 
         return self._once(self._drafts, key, make)

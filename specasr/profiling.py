@@ -104,15 +104,16 @@ def _passes(
 ) -> dict[str, Callable[[], None]]:
     """A round's passes, halfway through the clip's greedy transcript, each with what follows it in the loop: a
     target step of one row and a verification of the root and `nodes` nodes, each with its greedy choice, and a draft
-    step over `width` rows (a tree's frontier; a chain's one) with its top-`width` scoring."""
+    step over `width` rows (a tree's frontier; a chain's one) reading the state its catch-up left, with its top-`width`
+    scoring."""
     tokens = greedy_tokens(target, memory)
     inputs = torch.tensor([[*target.prompt, *tokens[: len(tokens) // 2]]], device=memory.device)
     position = inputs.shape[1] - 1
     cache = target.new_cache(memory, target.max_length + nodes + 1)
     hidden = target.forward(inputs[:, :-1], cache, taps=draft.config.taps).hidden
     draft_cache = draft.new_cache(memory, valid_frames, target.max_length + width)
-    draft(hidden[:, :-1], inputs[:, 1:-1], draft_cache)
-    step_features, step_tokens = hidden[:, -1:].expand(1, width, -1), inputs[:, -1:].expand(1, width)
+    caught_up = draft(hidden[:, :-1], inputs[:, 1:-1], draft_cache)
+    step_states, step_tokens = caught_up.state[:, -1:].expand(1, width, -1), inputs[:, -1:].expand(1, width)
 
     def target_rows(rows: int) -> Callable[[], None]:
         block = inputs[:, -1:].repeat(1, rows)
@@ -125,7 +126,7 @@ def _passes(
 
     def draft_step() -> None:
         draft_cache.length = position - 1
-        tree.top(draft, draft(step_features, step_tokens, draft_cache).hidden[0], width)
+        tree.top(draft, draft(step_states, step_tokens, draft_cache, carried=True).hidden[0], width)
 
     return {
         "target step (1 row)": target_rows(1),

@@ -24,6 +24,7 @@ REFERENCE_WINDOWS = ("correct", "shift", "pointer")  # the ones centred from ref
 RUNTIME_WINDOWS = ("runtime", "runtime-last")  # the ones centred from verification attention
 REFERENCE_SOURCES = ("auto", "always", "never")  # or the path of a JSON file of frames
 DECODERS = ("specasr", "faster-whisper", "transformers", "transformers-assisted")  # ours, then specasr.peers' peers
+DRAFT_PRECISIONS = ("float32", "float16", "bfloat16", "int8")  # the draft's weights (specasr.draft); int8 on a CPU
 
 
 class SettingsError(ValueError):
@@ -93,6 +94,12 @@ class Settings:
             )
         if not self.max_seconds > 0:
             raise SettingsError(f"the length limit must be a number of seconds > 0, got {self.max_seconds:g}")
+        if self.draft_dtype not in (None, *DRAFT_PRECISIONS):
+            raise SettingsError(
+                f"unknown draft precision {self.draft_dtype!r}; choose one of {', '.join(DRAFT_PRECISIONS)}"
+            )
+        if self.draft_dtype == "int8" and not self.device.startswith("cpu"):
+            raise SettingsError(f"int8 draft weights run through fbgemm, on a CPU only, not on {self.device}")
         if self.draft is not None:
             self._check_tree()
 

@@ -115,9 +115,9 @@ def with_feature_noise(batch: Batch, scale: Tensor, generators: Sequence[torch.G
 
 def unroll(
     draft: Draft, batch: Batch, depths: int, audio_masks: Sequence[Tensor] | None = None
-) -> Iterator[DraftOutput]:
-    """The draft's outputs at depths 1..`depths`, every position at once: at depth j, position t is step j of the
-    chain that restarted at position t - j + 1.
+) -> Iterator[tuple[DraftOutput, Tensor]]:
+    """The draft's outputs at depths 1..`depths`, every position at once, each with the target features it predicts
+    from them: at depth j, position t is step j of the chain that restarted at position t - j + 1.
 
     Depth 1 reads `batch.input_features`; a later depth reads what the one before predicted at t - 1, with the
     token `batch.inputs` holds. audio_masks[j - 1]: (B | 1, T | 1, frames) the frames depth j may attend; the
@@ -138,8 +138,9 @@ def unroll(
         mask = _chain_mask(depth, length, device)
         audio_mask = valid if audio_masks is None else audio_masks[depth - 1]
         out = draft.block(x, q, torch.cat(keys, dim=2), torch.cat(values, dim=2), mask, audio, audio_mask)
-        yield out
-        features = torch.cat([torch.zeros_like(out.features[:, :1]), out.features[:, :-1]], dim=1)
+        predicted = draft.predict_features(out.state)
+        yield out, predicted
+        features = torch.cat([torch.zeros_like(predicted[:, :1]), predicted[:, :-1]], dim=1)
 
 
 def unrolled_sums(draft: Draft, batch: Batch, depths: int, sigma: float, anchor: bool) -> tuple[Tensor, Tensor]:
@@ -153,13 +154,13 @@ def unrolled_sums(draft: Draft, batch: Batch, depths: int, sigma: float, anchor:
     real = positions[None, :] < batch.lengths[:, None]
     next_features = batch.features[:, 1:]
     sums, counts = [], []
-    for depth, out in enumerate(unroll(draft, batch, depths), start=1):
+    for depth, (out, predicted) in enumerate(unroll(draft, batch, depths), start=1):
         # A depth-j step exists only from position j - 1 on; earlier rows see no keys of their own chain.
         early = positions[None, :] < depth - 1
         targets = batch.targets.masked_fill(early, -100)
         token = F.cross_entropy(draft.logits(out.hidden).transpose(1, 2).float(), targets, reduction="sum")
         has_next = (real[:, 1:] & ~early[:, 1:])[..., None]
-        feature_error = F.smooth_l1_loss(out.features[:, :-1].float(), next_features.float(), reduction="none")
+        feature_error = F.smooth_l1_loss(predicted[:, :-1].float(), next_features.float(), reduction="none")
         anchor_sum, anchor_count = (
             anchor_terms(out.attention, batch.frames.masked_fill(early, -1), batch.valid_frames, sigma)
             if anchor and out.attention is not None

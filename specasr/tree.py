@@ -90,20 +90,23 @@ def grow(
     levels.add(sources=level * 0)
     attention = [] if root.attention is None else [root.attention[0]]
     frontier, count = level, width  # the frontier's candidate indices; candidates so far
-    features, parent_rows = root.features.expand(1, width, -1), None
+    states, parent_rows = root.state.expand(1, width, -1), None
     span = (depths - 1) * width
     sees = torch.zeros(0, span, dtype=torch.bool, device=level.device)  # which fed rows each fed row sees
+    chain = width == 1 and not cache.static  # each row at the cache's next slot, seeing all before it: no tree
+    tree = None
     for depth in range(2, depths + 1):
         if stop_below is not None and probabilities.item() < stop_below:
             break
         rows = (depth - 2) * width + level  # the frontier's rows among the fed ones
-        seen = rows[:, None] == torch.arange(span, device=rows.device)
-        if parent_rows is not None:
-            seen |= sees.index_select(0, parent_rows)
-        sees = torch.cat([sees, seen])
-        tree = TreeRows(positions=(base + depth - 2) + level * 0, base=base, sees=seen)
+        if not chain:
+            seen = rows[:, None] == torch.arange(span, device=rows.device)
+            if parent_rows is not None:
+                seen |= sees.index_select(0, parent_rows)
+            sees = torch.cat([sees, seen])
+            tree = TreeRows(positions=(base + depth - 2) + level * 0, base=base, sees=seen)
         mask = window(centres[depth - 1 : depth].expand(width))
-        out = draft(features, tokens[None], cache, mask, base + rows if cache.static else None, tree)
+        out = draft(states, tokens[None], cache, mask, base + rows if cache.static else None, tree, carried=True)
         probabilities, children = top(draft, out.hidden[0], width)
         paths = (scores[:, None] + probabilities.float().log()).flatten()
         parents, sources = (each[:, None].expand(width, width).flatten() for each in (frontier, 1 + rows))
@@ -111,7 +114,7 @@ def grow(
         levels.add(probabilities=probabilities.flatten(), sources=sources)
         best = paths.topk(width).indices if width > 1 else level
         frontier, tokens, scores = count + best, children.flatten()[best], paths[best]
-        features, parent_rows = out.features[:, best // width], rows[best // width]
+        states, parent_rows = out.state[:, best // width], rows[best // width]
         count += width * width
         if out.attention is not None:
             attention.append(out.attention[0])

@@ -16,7 +16,7 @@ from specasr.draft import (
     start_from_target_layer,
 )
 from specasr.targets import DTYPES
-from specasr.trace import Settings
+from specasr.trace import Settings, SettingsError
 from specasr.windows import window_mask
 
 
@@ -130,14 +130,18 @@ def test_shipped_drafts_load_and_decode_losslessly(name, pipeline, sample_clips)
     assert trace.draft_name.startswith(name + "@") and trace.draft_hash == draft.weights_hash()
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_a_half_precision_draft_on_a_float32_target_stays_lossless_and_is_recorded(
-    pipeline, tiny_en, sample_clips, dtype
+@pytest.mark.parametrize(
+    ("dtype", "computes_in"), [("float16", "float32"), ("int8", "float32"), ("bfloat16", "bfloat16")]
+)
+def test_a_narrower_draft_on_a_float32_target_stays_lossless_and_is_recorded(
+    pipeline, tiny_en, sample_clips, dtype, computes_in
 ):
+    """On a CPU float16 and int8 weights are packed for fbgemm, which computes in float32."""
     name = "whisper-tiny.en/anchordraft"
     full = pipeline.draft(Settings(draft=name))
     half = pipeline.draft(Settings(draft=name, draft_dtype=dtype))
-    assert half.dtype == DTYPES[dtype] and full.dtype == tiny_en.dtype == torch.float32
+    assert half.precision == dtype and half.dtype == DTYPES[computes_in]
+    assert full.precision == "float32" and full.dtype == tiny_en.dtype == torch.float32
     if dtype == "float16":  # the checkpoint's own precision: the same weights, only computed differently
         assert half.weights_hash() == full.weights_hash()
     for utterance in sample_clips[:2]:
@@ -205,3 +209,40 @@ def test_positions_past_the_table_take_its_last_row(tiny_en):
     past = draft.embed(features, tokens, torch.tensor([rows - 1, rows, rows + 5]))
     last = draft.embed(features, tokens, torch.tensor([rows - 1, rows - 1, rows - 1]))
     assert torch.equal(past, last)
+
+
+@pytest.mark.parametrize("carried", [False, True])
+def test_folded_inputs_compute_the_feature_head_fusion_and_combination(tiny_en, carried):
+    """Without gradients a step reads its inputs through the one linear layer its input layers make together; with
+    them, through the layers themselves. Both are the same map."""
+    draft = random_draft(tiny_en, seed=5)
+    for layer in (draft.fuse, draft.combine, draft.feature_head):
+        layer.bias.data.normal_()  # a bias in every layer, so that the folded bias is tested too
+    width = tiny_en.d_model if carried else len(draft.config.taps) * tiny_en.d_model
+    inputs, tokens, positions = torch.randn(1, 4, width), torch.tensor([[5, 6, 7, 8]]), torch.arange(4)
+    layered = draft.embed(inputs, tokens, positions, carried)  # gradients recorded: the layers one by one
+    assert layered.requires_grad
+    with torch.inference_mode():
+        folded = draft.embed(inputs, tokens, positions, carried)
+        features = draft.feature_head(inputs) if carried else inputs
+        embedded = draft._frozen["embedding"][tokens] + draft._frozen["positions"][positions]
+        by_hand = draft.combine(torch.cat([draft.fuse(features), embedded], dim=-1))
+    assert torch.allclose(folded, by_hand, atol=1e-4) and torch.allclose(layered.detach(), by_hand, atol=1e-5)
+
+
+def test_a_changed_weight_is_folded_again(tiny_en):
+    draft = random_draft(tiny_en, seed=5).requires_grad_(False)
+    inputs = torch.randn(1, 1, len(draft.config.taps) * tiny_en.d_model)
+    tokens, positions = torch.tensor([[5]]), torch.tensor([0])
+    before = draft.embed(inputs, tokens, positions)
+    draft.combine.bias.add_(1.0)
+    assert torch.allclose(draft.embed(inputs, tokens, positions), before + 1.0, atol=1e-5)
+
+
+def test_int8_weights_are_refused_where_fbgemm_does_not_run(tiny_en):
+    with pytest.raises(SettingsError, match="int8 draft weights run through fbgemm, on a CPU only, not on cuda"):
+        Settings(draft="random", draft_dtype="int8", device="cuda")
+    with pytest.raises(SettingsError, match="unknown draft precision 'int4'"):
+        Settings(draft="random", draft_dtype="int4")
+    with pytest.raises(DraftMismatchError, match="unknown draft precision 'int4'"):
+        random_draft(tiny_en, precision="int4")

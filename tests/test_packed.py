@@ -60,3 +60,32 @@ def test_layers_it_cannot_pack_run_as_they_are():
     for layer in (half, double):
         x = torch.randn(3, 8, dtype=layer.weight.dtype)
         assert torch.equal(linears(layer, x), layer(x))
+
+
+needs_fbgemm = pytest.mark.skipif(not packable(torch.zeros(1), "int8"), reason="fbgemm is not in this torch build")
+
+
+@needs_fbgemm
+@pytest.mark.parametrize(("weights", "tolerance"), [("float16", 2e-3), ("int8", 3e-2)])
+@pytest.mark.parametrize("shape", [(1, 1, 64), (1, 5, 64), (300, 64)])
+def test_narrower_packed_weights_compute_the_layer_to_their_precision(weights, tolerance, shape):
+    layer, linears = _layer(64, 96), PackedLinears(weights)
+    x = torch.randn(*shape)
+    exact = layer(x)
+    assert linears(layer, x).shape == exact.shape
+    assert (linears(layer, x) - exact).abs().max() <= tolerance * exact.abs().max()
+
+
+@needs_fbgemm
+@pytest.mark.parametrize("weights", ["float16", "int8"])
+def test_a_changed_bias_is_packed_again_with_narrower_weights(weights):
+    layer, linears = _layer(16, 8), PackedLinears(weights)
+    x = torch.randn(3, 16)
+    before = linears(layer, x)
+    layer.bias.add_(10.0)
+    assert torch.allclose(linears(layer, x), before + 10.0, atol=0.1)
+
+
+def test_unknown_packed_weights_are_refused():
+    with pytest.raises(ValueError, match="unknown packed weights 'int4'"):
+        PackedLinears("int4")

@@ -67,7 +67,7 @@ def test_unrolled_depth_two_matches_the_inference_chain(tiny_en):
     t = 4  # compare the depth-2 step at position t
     cache = draft.new_cache(batch.memory, int(batch.valid_frames), capacity=8)
     restart = draft(batch.features[:, :t], batch.inputs[:, :t], cache)  # catch-up on true features 0..t-1
-    second = draft(restart.features[:, -1:], batch.inputs[:, t : t + 1], cache)  # own feature for position t
+    second = draft(restart.state[:, -1:], batch.inputs[:, t : t + 1], cache, carried=True)  # its own state at t
 
     captured = []
     original = draft.block

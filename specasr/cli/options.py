@@ -24,7 +24,7 @@ from specasr.intervals import AA_TOLERANCE
 from specasr.pooled import MIN_SET_CLIPS, Weighting, weighting
 from specasr.store import default_db_path, is_duckdb_file
 from specasr.targets import BUILTIN_TARGETS, DTYPES, decoder_layers
-from specasr.trace import MOST_K, MOST_TREE_WIDTH, RUNTIME_WINDOWS, WINDOWS, Settings
+from specasr.trace import DRAFT_PRECISIONS, MOST_K, MOST_TREE_WIDTH, RUNTIME_WINDOWS, WINDOWS, Settings
 
 # Settings fields a speculative decode takes from options of the same name.
 SPECULATIVE_FIELDS = (
@@ -199,7 +199,10 @@ def add_draft_options(parser: argparse.ArgumentParser, several: bool = False) ->
     else:
         parser.add_argument("--draft", default="random", help=about)
     parser.add_argument(
-        "--draft-dtype", default=None, choices=list(DTYPES), help="the draft's precision (default: the target's)"
+        "--draft-dtype",
+        default=None,
+        choices=DRAFT_PRECISIONS,
+        help="the draft's weights (default: the target's dtype); on a CPU float16 and int8 compute in float32",
     )
 
 
