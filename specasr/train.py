@@ -40,6 +40,7 @@ from specasr.trainset import SENTENCES, Example
 
 VARIANTS = {"control": (True, 0.0), "anchordraft": (True, 0.1), "no-audio": (False, 0.0)}  # audio, default lambda
 INITS = ("random", "target-layer")
+TOKEN_LOSSES = ("ce", "kl")  # on the target's greedy token; from the target's whole next-token distribution
 
 
 @dataclass
@@ -54,6 +55,7 @@ class Batch:
     memory: Tensor  # (B, F, d) encoder output over the real audio
     valid_frames: Tensor  # (B,)
     lengths: Tensor  # (B,) real positions per example
+    next_top: Tensor | None = None  # (B, T, d) the target's last layer at t + 1, whose scores predict x_{t+2} (kl)
 
 
 @dataclass
@@ -143,12 +145,16 @@ def unroll(
         features = torch.cat([torch.zeros_like(predicted[:, :1]), predicted[:, :-1]], dim=1)
 
 
-def unrolled_sums(draft: Draft, batch: Batch, depths: int, sigma: float, anchor: bool) -> tuple[Tensor, Tensor]:
-    """Token cross-entropy, feature smooth-L1 and anchor cross-entropy at each unrolled depth, each summed over the
+def unrolled_sums(
+    draft: Draft, batch: Batch, depths: int, sigma: float, anchor: bool, teacher: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """The token loss, feature smooth-L1 and anchor cross-entropy at each unrolled depth, each summed over the
     batch, and what each sum is averaged over: two (3, depths) tensors. Sums and counts stay apart so that processes
     sharing a batch can divide by the whole batch's counts.
 
-    Every depth regresses onto the clean next features. sigma is in frames.
+    The token loss is the cross-entropy on the target's greedy token, or with `teacher` ((B, T, draft vocabulary)
+    the target's log-probabilities of x_{t+2}) the KL divergence from the target's distribution, at the same
+    positions. Every depth regresses onto the clean next features. sigma is in frames.
     """
     positions = torch.arange(batch.inputs.shape[1], device=batch.inputs.device)
     real = positions[None, :] < batch.lengths[:, None]
@@ -158,7 +164,12 @@ def unrolled_sums(draft: Draft, batch: Batch, depths: int, sigma: float, anchor:
         # A depth-j step exists only from position j - 1 on; earlier rows see no keys of their own chain.
         early = positions[None, :] < depth - 1
         targets = batch.targets.masked_fill(early, -100)
-        token = F.cross_entropy(draft.logits(out.hidden).transpose(1, 2).float(), targets, reduction="sum")
+        scores = draft.logits(out.hidden).float()
+        if teacher is None:
+            token = F.cross_entropy(scores.transpose(1, 2), targets, reduction="sum")
+        else:
+            divergence = F.kl_div(scores.log_softmax(dim=-1), teacher, reduction="none", log_target=True).sum(dim=-1)
+            token = divergence[targets != -100].sum()
         has_next = (real[:, 1:] & ~early[:, 1:])[..., None]
         feature_error = F.smooth_l1_loss(predicted[:, :-1].float(), next_features.float(), reduction="none")
         anchor_sum, anchor_count = (
@@ -210,6 +221,7 @@ class TrainConfig:
     ffn_dim: int | None = None  # the draft's feed-forward width; None: d_model (the layer's for target-layer)
     draft_vocab: int = 4096  # most frequent target tokens of the training transcripts; 0 keeps the full vocabulary
     init: str = "random"  # random | target-layer: the block starts as the target's last decoder layer
+    token_loss: str = "ce"  # ce | kl (TOKEN_LOSSES)
     seed: int = 0
 
     def __post_init__(self):
@@ -221,6 +233,8 @@ class TrainConfig:
             raise ValueError(f"anchor_weight must be >= 0, and 0 for no-audio (no attention); got {self.anchor_weight}")
         if self.init not in INITS:
             raise ValueError(f"unknown init {self.init!r}; choose one of {', '.join(INITS)}")
+        if self.token_loss not in TOKEN_LOSSES:
+            raise ValueError(f"unknown token loss {self.token_loss!r}; choose one of {', '.join(TOKEN_LOSSES)}")
         if self.sigma_ms <= 0 or self.feature_noise < 0:
             raise ValueError(f"need sigma_ms > 0 and feature_noise >= 0; got {self.sigma_ms}, {self.feature_noise}")
 
@@ -248,8 +262,11 @@ def corpus_counts(target: Target, sentences: Path = SENTENCES) -> Counter:
     return Counter(token for ids in target.tokenizer(lines, add_special_tokens=False).input_ids for token in ids)
 
 
-def collate(examples: list[Example], taps: tuple[int, ...], prompt_length: int, to_draft: Tensor) -> Batch:
-    """Pad examples into a Batch: position t reads (f_t, x_{t+1}) and predicts x_{t+2}."""
+def collate(
+    examples: list[Example], taps: tuple[int, ...], prompt_length: int, to_draft: Tensor, next_top: bool = False
+) -> Batch:
+    """Pad examples into a Batch: position t reads (f_t, x_{t+1}) and predicts x_{t+2}; with `next_top`, the
+    target's last-layer output at t + 1 too (its distribution over x_{t+2})."""
     length = max(len(e.tokens) - 1 for e in examples)
     n_frames = max(e.memory.shape[0] for e in examples)
     d = examples[0].memory.shape[1]
@@ -263,6 +280,7 @@ def collate(examples: list[Example], taps: tuple[int, ...], prompt_length: int, 
         memory=torch.zeros(len(examples), n_frames, d),
         valid_frames=torch.tensor([e.memory.shape[0] for e in examples]),
         lengths=torch.tensor([len(e.tokens) - 1 for e in examples]),
+        next_top=torch.zeros(len(examples), length, d) if next_top else None,
     )
     for b, e in enumerate(examples):
         n = len(e.tokens) - 1
@@ -275,6 +293,8 @@ def collate(examples: list[Example], taps: tuple[int, ...], prompt_length: int, 
         frames = torch.tensor([-1 if f is None else f for f in e.frames])
         batch.frames[b, : n - 1] = torch.where(keep, frames[predicted], -1)
         batch.memory[b, : e.memory.shape[0]] = e.memory.float()
+        if next_top:
+            batch.next_top[b, : n - 1] = e.hidden[1:, -1].float()
     return batch
 
 
@@ -344,7 +364,7 @@ def train(
         start_from_target_layer(draft, target)
     optimizer = torch.optim.AdamW(draft.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     start_epoch = _resume(draft, optimizer, out / "resume", target, settings)
-    objective = Objective(draft, config, target.frame_seconds)
+    objective = Objective(draft, config, target.frame_seconds, target.frozen_head().final_norm)
     model = DistributedDataParallel(objective) if world > 1 else objective
 
     draft_ids = torch.tensor(vocab) if vocab else torch.arange(target.vocab_size)
@@ -353,6 +373,7 @@ def train(
     noise_scale = config.feature_noise * feature_scale(examples, taps).to(device)
     batches_per_epoch = len(epoch_batches(len(examples), config.batch_size, config.seed, 0, rank, world))
     total_steps = config.epochs * batches_per_epoch
+    distil = config.token_loss == "kl"  # the batches carry what the target's distribution is scored from
     for epoch in range(start_epoch, config.epochs):
         batches = epoch_batches(len(examples), config.batch_size, config.seed, epoch, rank, world)
         progress = tqdm(batches, desc=f"{config.variant} epoch {epoch + 1}/{config.epochs}", disable=rank != 0)
@@ -360,7 +381,7 @@ def train(
             step = epoch * batches_per_epoch + i
             for group in optimizer.param_groups:
                 group["lr"] = cosine_lr(step, total_steps, config.lr)
-            batch = _to(collate([examples[j] for j in indices], taps, len(target.prompt), to_draft), device)
+            batch = _to(collate([examples[j] for j in indices], taps, len(target.prompt), to_draft, distil), device)
             noise = noise_generators(indices, len(examples), config.seed, epoch, device)
             batch = with_feature_noise(batch, noise_scale, noise)
             parts = model(batch)
@@ -387,10 +408,11 @@ def train(
 class Objective(nn.Module):
     """The training loss as a module, so that DistributedDataParallel sees the draft's forward pass."""
 
-    def __init__(self, draft: Draft, config: TrainConfig, frame_seconds: float):
+    def __init__(self, draft: Draft, config: TrainConfig, frame_seconds: float, final_norm: nn.Module | None = None):
         super().__init__()
         self.draft, self.config = draft, config
         self.sigma_frames = config.sigma_ms / 1000 / frame_seconds  # the anchor target's width on the audio grid
+        self.final_norm = [final_norm]  # the target's, frozen: in a list, so that it is no submodule to train
 
     def forward(self, batch: Batch) -> LossParts:
         """The loss over this process's share of the batch. Under torchrun each term is divided by its count over
@@ -398,15 +420,22 @@ class Objective(nn.Module):
         processes, which DistributedDataParallel's gradient average divides out again: the gradient is that of one
         process's loss over the global batch. The parts it reports are this process's share, so scaled."""
         c = self.config
-        sums, counts = unrolled_sums(self.draft, batch, c.unroll, self.sigma_frames, c.anchor_weight > 0)
+        teacher = self.teacher(batch) if c.token_loss == "kl" else None
+        sums, counts = unrolled_sums(self.draft, batch, c.unroll, self.sigma_frames, c.anchor_weight > 0, teacher)
         if dist.is_initialized():
             dist.all_reduce(counts)
             sums = sums * dist.get_world_size()
         return weighted_loss(sums, counts, c.anchor_weight, c.feature_weight)
 
+    @torch.no_grad()
+    def teacher(self, batch: Batch) -> Tensor:
+        """(B, T, draft vocabulary) the target's log-probabilities of x_{t+2}, over the tokens the draft scores."""
+        states = self.final_norm[0](batch.next_top.to(self.draft.dtype))
+        return self.draft.logits(states).float().log_softmax(dim=-1)
+
 
 def _to(batch: Batch, device: torch.device) -> Batch:
-    return Batch(**{f.name: getattr(batch, f.name).to(device) for f in fields(batch)})
+    return Batch(**{f.name: None if (x := getattr(batch, f.name)) is None else x.to(device) for f in fields(batch)})
 
 
 def save_optimizer(optimizer: torch.optim.Optimizer, epoch: int, path: Path) -> None:

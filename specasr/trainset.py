@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import soxr
 import torch
 import torch.distributed as dist
 from safetensors import safe_open
@@ -20,7 +21,7 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from specasr.align import Aligner
-from specasr.audio import Clip, load_audio
+from specasr.audio import SAMPLE_RATE, Clip, load_audio
 from specasr.cache import cache_dir
 from specasr.dataset import TRAIN_SPEECH_2_DIR, TRAIN_SPEECH_DIR, Utterance, heldout_ids, load_manifest
 from specasr.decode import greedy_tokens
@@ -67,6 +68,34 @@ def train_speech_2(seed: int = 0) -> list[Utterance]:
     held = heldout_ids()
     utterances = [u for u in load_manifest(TRAIN_SPEECH_2_DIR) if u.id not in held]
     return [utterances[i] for i in np.random.default_rng(seed).permutation(len(utterances))]
+
+
+PERTURBATION = {"speed": (0.9, 1.1), "shift_s": (0.0, 1.0), "snr_db": (15.0, 40.0)}  # drawn uniformly per clip
+LONGEST_SLOWED_S = 27.0  # a clip this long is not slowed down, so that it stays within one 30 s window
+
+
+def perturbed_source(utterances: list[Utterance], count: int, seed: int = 0) -> Source:
+    """Real clips played again changed: clip n is utterance n mod len(utterances) sped up or slowed down (its
+    pitch with it), shifted later by a lead of silence, under white noise at a drawn signal-to-noise ratio, each
+    draw from its own generator. The target's greedy transcript of the changed audio is its label and forced
+    alignment its frames, so any audio serves; the target may hear other words in it than in the original."""
+    lows, highs = zip(*PERTURBATION.values(), strict=True)
+
+    def clip(n: int) -> Clip:
+        utterance = utterances[n % len(utterances)]
+        rng = np.random.default_rng([seed, n])
+        speed, shift, snr_db = rng.uniform(lows, highs)
+        audio = load_audio(utterance.path)
+        if len(audio) > LONGEST_SLOWED_S * SAMPLE_RATE:
+            speed = max(speed, 1.0)
+        audio = soxr.resample(audio, SAMPLE_RATE * speed, SAMPLE_RATE).astype(np.float32)
+        audio = np.concatenate([np.zeros(round(shift * SAMPLE_RATE), np.float32), audio])
+        loudness = np.sqrt(np.mean(audio**2)) or 1e-4
+        audio += rng.normal(0, loudness * 10 ** (-snr_db / 20), audio.size).astype(np.float32)
+        return Clip(f"{utterance.id}-p{n}", np.clip(audio, -1, 1), dataset="perturbed")
+
+    settings = {"seed": seed, "of": len(utterances), **{k: list(v) for k, v in PERTURBATION.items()}}
+    return Source("perturbed", settings, count, clip)
 
 
 def synthetic_source(tts: str, count: int, seed: int = 0, sentences: Path = SENTENCES) -> Source:
@@ -243,15 +272,19 @@ def data_hash(examples: list[Example]) -> str:
     return digest.hexdigest()
 
 
-def training_sources(real: int, real_2: int, espeak: int, hibari: int, seed: int = 0) -> list[Source]:
-    """Real speech (../shared/data/train-speech, then train-speech-2 without its held-out clips) and espeak-ng and
-    hibari-tts speech of the sentence corpus; a source asked for no clips is not read at all."""
+def training_sources(
+    real: int, real_2: int, espeak: int, hibari: int, seed: int = 0, perturbed: int = 0
+) -> list[Source]:
+    """Real speech (../shared/data/train-speech, then train-speech-2 without its held-out clips), espeak-ng and
+    hibari-tts speech of the sentence corpus, and the real clips perturbed (all of them in turn, the first of
+    train-speech-2's drawn order first); a source asked for no clips is not read at all."""
     held_out = {"seed": seed, "heldout": len(heldout_ids())}
     makers = [
         (real, lambda: real_source("train-speech", load_manifest(TRAIN_SPEECH_DIR), real)),
         (real_2, lambda: real_source("train-speech-2", train_speech_2(seed), real_2, held_out)),
         (espeak, lambda: synthetic_source("espeak", espeak, seed)),
         (hibari, lambda: synthetic_source("hibari", hibari, seed)),
+        (perturbed, lambda: perturbed_source(load_manifest(TRAIN_SPEECH_DIR) + train_speech_2(seed), perturbed, seed)),
     ]
     return [make() for count, make in makers if count]
 

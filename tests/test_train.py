@@ -1,6 +1,8 @@
 import pytest
 import torch
 
+from specasr.audio import load_audio
+from specasr.decode import greedy_tokens
 from specasr.draft import random_draft
 from specasr.train import (
     Batch,
@@ -8,10 +10,14 @@ from specasr.train import (
     TrainConfig,
     _chain_mask,
     anchor_loss,
+    collate,
     gaussian_targets,
+    unroll,
     unrolled_loss,
+    unrolled_sums,
     with_feature_noise,
 )
+from specasr.trainset import teacher_forced
 
 
 def test_anchor_loss_equals_a_hand_computed_cross_entropy():
@@ -243,3 +249,32 @@ def test_draft_vocabulary_keeps_predicted_tokens_first_and_never_the_prompt(exam
     predicted = {t for e in examples for t in e.tokens[2:]}
     assert set(full) == predicted | {7, 8}
     assert draft_vocabulary(examples, 0, 2, tiny_en.eot) is None
+
+
+def test_the_kl_teacher_is_the_targets_own_next_token_distribution(tiny_en, sample_clips):
+    """Its most probable token at every position is the target's greedy token there."""
+    memory = tiny_en.encode(tiny_en.features(load_audio(sample_clips[0].path)))
+    transcript = greedy_tokens(tiny_en, memory)
+    example = teacher_forced(tiny_en, "c", memory, memory.shape[1], transcript, [None] * len(transcript))
+    draft = random_draft(tiny_en)  # the whole vocabulary: draft indices are target ids
+    batch = collate([example], draft.config.taps, len(tiny_en.prompt), torch.arange(tiny_en.vocab_size), True)
+    teacher = Objective(draft, TrainConfig(token_loss="kl"), 0.02, tiny_en.frozen_head().final_norm).teacher(batch)
+    scored = batch.targets[0] != -100
+    assert scored.sum() == len(transcript) + 1  # every transcript token, and end-of-text
+    assert torch.equal(teacher[0, scored].argmax(dim=-1), batch.targets[0, scored])
+    assert torch.allclose(teacher.exp().sum(dim=-1), torch.ones(1, teacher.shape[1]), atol=1e-4)
+
+
+def test_the_kl_token_loss_is_zero_against_the_drafts_own_distribution_and_positive_otherwise(tiny_en):
+    draft = random_draft(tiny_en, seed=1).requires_grad_(False)
+    batch = _batch(tiny_en)
+    (first, _), *_ = unroll(draft, batch, depths=1)
+    own = draft.logits(first.hidden).float().log_softmax(dim=-1)
+    sums, counts = unrolled_sums(draft, batch, 1, sigma=5.0, anchor=False, teacher=own)
+    assert sums[0, 0].item() == pytest.approx(0.0, abs=1e-3) and counts[0, 0] == (batch.targets != -100).sum()
+    sums, _ = unrolled_sums(
+        draft, batch, 1, sigma=5.0, anchor=False, teacher=(5 * torch.randn_like(own)).log_softmax(dim=-1)
+    )
+    assert sums[0, 0] > 1.0
+    with pytest.raises(ValueError, match="unknown token loss 'mse'"):
+        TrainConfig(token_loss="mse")

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from specasr import trainset
-from specasr.audio import Clip
+from specasr.audio import Clip, load_audio
 from specasr.dataset import TRAIN_SPEECH_2_DIR, heldout_ids, load_manifest, load_utterances
 from specasr.trainset import Example, Source
 
@@ -124,3 +124,19 @@ def test_train_prepare_only_fills_the_cache_and_trains_nothing(made, monkeypatch
         "train-speech",
         "train-speech-2",
     }
+
+
+def test_perturbed_clips_are_their_own_draws_of_speed_shift_and_noise(sample_clips):
+    source = trainset.perturbed_source(sample_clips, count=6, seed=0)
+    again = trainset.perturbed_source(sample_clips, count=3, seed=0).clip(2)
+    clips = [source.clip(n) for n in range(6)]
+    assert clips[2].id == again.id == f"{sample_clips[2 % len(sample_clips)].id}-p2"
+    assert np.array_equal(clips[2].audio, again.audio)  # the same draw, whichever clips came before
+    original = load_audio(sample_clips[0].path)
+    low, high = trainset.PERTURBATION["speed"]
+    most_lead = trainset.PERTURBATION["shift_s"][1] * 16000
+    assert len(original) / high - 1 <= len(clips[0].audio) <= len(original) / low + most_lead + 1
+    assert clips[0].words is None and clips[0].dataset == "perturbed"  # frames come from forced alignment
+    assert all(np.abs(c.audio).max() <= 1 and c.audio.dtype == np.float32 for c in clips)
+    first = trainset.perturbed_source(sample_clips, count=6, seed=1).clip(0)
+    assert first.id == clips[0].id and not np.array_equal(first.audio, clips[0].audio)

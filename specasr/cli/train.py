@@ -11,7 +11,7 @@ from specasr.cache import cache_dir
 from specasr.cli.options import UsageError, add_aligner_option, add_target_options, checked, layers, number
 from specasr.ranks import joined, leave
 from specasr.targets import load_target
-from specasr.train import INITS, VARIANTS, TrainConfig, check_global_batch, train
+from specasr.train import INITS, TOKEN_LOSSES, VARIANTS, TrainConfig, check_global_batch, train
 from specasr.trainset import data_hash, prepare_examples, training_sources
 
 # TrainConfig fields set by options of the same name
@@ -28,6 +28,7 @@ CONFIG_FIELDS = (
     "feature_noise",
     "anchor_weight",
     "sigma_ms",
+    "token_loss",
     "seed",
 )
 
@@ -61,6 +62,12 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--anchor-weight", type=number(float, 0), default=None, help="lambda (default: 0.1 anchordraft, 0 control)"
     )
+    p.add_argument(
+        "--token-loss",
+        default="ce",
+        choices=TOKEN_LOSSES,
+        help="ce: on the target's greedy token; kl: from its whole next-token distribution over the draft vocabulary",
+    )
     p.add_argument("--feature-noise", type=number(float, 0), default=0.6, help="input-feature noise, in feature stds")
     p.add_argument("--real", type=number(int, 0), default=251, help="clips of ../shared/data/train-speech")
     p.add_argument(
@@ -71,6 +78,12 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--espeak", type=number(int, 0), default=400, help="espeak-ng sentences from ../shared/data/text")
     p.add_argument("--hibari", type=number(int, 0), default=200, help="hibari-tts sentences from ../shared/data/text")
+    p.add_argument(
+        "--perturbed",
+        type=number(int, 0),
+        default=0,
+        help="real training clips again, sped up or slowed, shifted and noised (each its own draw), in turn",
+    )
     add_aligner_option(p)
     p.add_argument("--seed", type=int, default=0, help="the draft's initialisation, batch order and feature noise")
     p.add_argument(
@@ -90,9 +103,11 @@ def run(args: argparse.Namespace) -> None:
     ranks = joined()
     rank, world = ranks.rank, ranks.size
     target = load_target(args.target, process_device(args.device), args.dtype)
-    sources = training_sources(args.real, args.real_2, args.espeak, args.hibari, args.data_seed)
+    sources = training_sources(args.real, args.real_2, args.espeak, args.hibari, args.data_seed, args.perturbed)
     if not any(source.count for source in sources):
-        raise UsageError("no training clips: give at least one of --real, --real-2, --espeak or --hibari above 0")
+        raise UsageError(
+            "no training clips: give at least one of --real, --real-2, --espeak, --hibari or --perturbed above 0"
+        )
     clips = sum(source.count for source in sources)
     checked(check_global_batch, batch_size=config.batch_size, examples=clips, world=world)
     examples = prepare_examples(target, sources, aligner, rank, world)  # under torchrun each makes its own shards

@@ -30,6 +30,7 @@ class FrozenHead:
     embedding: Tensor  # (vocab, d_model) token embedding
     positions: Tensor | None  # (max positions, d_model) learned positions; None where the target rotates them
     lm_head: Tensor  # (vocab, d_model)
+    final_norm: Any  # the norm from the last decoder layer's output to the LM head's input (distillation reads it)
 
 
 @dataclass(frozen=True)

@@ -141,7 +141,7 @@ class PrefixTarget(Target):
         return self.model.dtype
 
     def frozen_head(self) -> FrozenHead:
-        return FrozenHead(self._llm.embed_tokens.weight, None, self.model.lm_head.weight)
+        return FrozenHead(self._llm.embed_tokens.weight, None, self.model.lm_head.weight, self._llm.norm)
 
     def greedy_tokens(self, states: Tensor, first_index: int) -> Tensor:
         choice = self.lm_head.choose(states)

@@ -243,4 +243,5 @@ class WhisperTarget(Target):
 
     def frozen_head(self) -> FrozenHead:
         decoder = self._decoder
-        return FrozenHead(decoder.embed_tokens.weight, decoder.embed_positions.weight, decoder.embed_tokens.weight)
+        weight = decoder.embed_tokens.weight
+        return FrozenHead(weight, decoder.embed_positions.weight, weight, decoder.layer_norm)
