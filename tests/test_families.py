@@ -113,7 +113,7 @@ def test_a_trained_draft_saves_loads_and_stays_lossless(tmp_path, family):
         examples.append(teacher_forced(target, f"clip-{seed}", memory, valid, transcript, frames))
     config = TrainConfig(epochs=2, batch_size=2, draft_vocab=0, sigma_ms=160.0)
     trained = train(target, examples, config, tmp_path / "draft", data_hash="test")
-    loaded = load_draft(tmp_path / "draft", target, dtype=torch.float32)
+    loaded = load_draft(tmp_path / "draft", target, precision="float32")
     assert loaded.config.target == target.name and loaded.config.training["examples"] == 4
     saved, read = trained.state_dict(), loaded.state_dict()
     assert saved.keys() == read.keys() and all(torch.equal(saved[k].half(), read[k].half()) for k in saved)
