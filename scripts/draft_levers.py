@@ -5,8 +5,8 @@ rolled out in the real loop (K=4 chain, unrestricted, float16 weights) on clips 
         --out docs/measurements/cpu-2026-12-07/levers-whisper-tiny.en.json
 
 Every row adds one lever to the recipe of the row it names as its base. A row whose draft is already in
-cache/levers/TARGET/ROW is not trained again (a killed training resumes where `train` left its state). Acceptance is
-pooled over the rounds of the evaluation clips (`--data`: ../shared/data/speech and the held-out clips of
+cache/levers/TARGET-SOURCES/ROW is not trained again (a killed training resumes where `train` left its state).
+Acceptance is pooled over the rounds of the evaluation clips (`--data`: ../shared/data/speech and the held-out clips of
 train-speech-2 unless told); every decode is checked against greedy. Acceptance is a count, not a time, so the rows
 may be measured while other work runs.
 """
@@ -23,13 +23,17 @@ from specasr import Pipeline, Settings, acceptance
 from specasr.cache import cache_dir
 from specasr.dataset import DEFAULT_SPEECH_DIR, load_utterances, spread
 
-SHIPPED_DATA = {
-    "whisper-tiny.en": ["--real", "251", "--real-2", "2512", "--espeak", "1200", "--hibari", "800"],
-    "whisper-base": ["--real", "251", "--real-2", "1728", "--espeak", "768", "--hibari", "384"],
-}
 SHAPE = {
     "whisper-tiny.en": ["--taps", "1,2,4", "--ffn-dim", "384"],
     "whisper-base": ["--taps", "3,6", "--ffn-dim", "512"],
+}
+# the training clips: the shipped drafts' sources, or a smaller draw of the same sources (the first clips of each)
+SOURCES = {
+    "shipped": {
+        "whisper-tiny.en": ["--real", "251", "--real-2", "2512", "--espeak", "1200", "--hibari", "800"],
+        "whisper-base": ["--real", "251", "--real-2", "1728", "--espeak", "768", "--hibari", "384"],
+    },
+    "small": {target: ["--real", "251", "--real-2", "1000", "--espeak", "400", "--hibari", "200"] for target in SHAPE},
 }
 # row: (the row it adds to, the options it adds or changes)
 ROWS = {
@@ -38,18 +42,18 @@ ROWS = {
     "unroll-4": ("vocab-8192", ["--unroll", "4"]),
     "kl": ("unroll-4", ["--token-loss", "kl"]),
     "all-taps": ("unroll-4", ["--taps", "ALL"]),
-    "perturbed": ("unroll-4", ["--perturbed", "2763"]),
+    "perturbed": ("unroll-4", ["--perturbed", "REAL"]),  # every real clip once more, perturbed
 }
 
 
-def recipe(target: str, row: str, epochs: int) -> list[str]:
-    """The row's train options: the shipped data and shape, then each lever on the way from the baseline."""
+def recipe(target: str, row: str, epochs: int, sources: str = "shipped") -> list[str]:
+    """The row's train options: the sources and the shipped shape, then each lever on the way from the baseline."""
     chain = []
     while row is not None:
         base, options = ROWS[row]
         chain.insert(0, options)
         row = base
-    options = [*SHAPE[target], *SHIPPED_DATA[target], "--epochs", str(epochs)]
+    options = [*SHAPE[target], *SOURCES[sources][target], "--epochs", str(epochs)]
     for levers in chain:
         for name, value in zip(levers[::2], levers[1::2], strict=True):
             if name in options:
@@ -59,12 +63,15 @@ def recipe(target: str, row: str, epochs: int) -> list[str]:
     if "ALL" in options:
         layers = {"whisper-tiny.en": 4, "whisper-base": 6}[target]
         options[options.index("ALL")] = ",".join(str(i) for i in range(layers + 1))
+    if "REAL" in options:
+        real = sum(int(options[options.index(name) + 1]) for name in ("--real", "--real-2"))
+        options[options.index("REAL")] = str(real)
     return options
 
 
-def train(target: str, row: str, epochs: int) -> tuple[Path, list[str]]:
-    out = cache_dir() / "levers" / target / row
-    command = [sys.executable, "-m", "specasr", "train", "--target", target, *recipe(target, row, epochs)]
+def train(target: str, row: str, epochs: int, sources: str) -> tuple[Path, list[str]]:
+    out = cache_dir() / "levers" / f"{target}-{sources}" / row
+    command = [sys.executable, "-m", "specasr", "train", "--target", target, *recipe(target, row, epochs, sources)]
     command += ["--out", str(out)]
     if not (out / "draft.safetensors").is_file():
         subprocess.run(command, check=True)
@@ -100,7 +107,8 @@ def measure(pipeline: Pipeline, target: str, drafts: dict[str, Path], clips) -> 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--target", default="whisper-tiny.en", choices=list(SHIPPED_DATA))
+    parser.add_argument("--target", default="whisper-tiny.en", choices=list(SHAPE))
+    parser.add_argument("--sources", default="shipped", choices=list(SOURCES), help="the training clips of every row")
     parser.add_argument("--rows", default=",".join(ROWS), help="rows to train and measure, comma-separated")
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument(
@@ -112,12 +120,13 @@ def main() -> None:
     args = parser.parse_args()
 
     rows = args.rows.split(",")
-    trained = {row: train(args.target, row, args.epochs) for row in rows}
+    trained = {row: train(args.target, row, args.epochs, args.sources) for row in rows}
     drafts = {row: folder for row, (folder, _) in trained.items()}
     if args.shipped:
         drafts = {"shipped control": Path("drafts") / args.target / "control", **drafts}
     pipeline = Pipeline()
-    record = {"target": args.target, "epochs": args.epochs, "commands": {r: c for r, (_, c) in trained.items()}}
+    record = {"target": args.target, "sources": args.sources, "epochs": args.epochs}
+    record["commands"] = {row: command for row, (_, command) in trained.items()}
     for data in args.data.split(","):
         clips = [u.clip() for u in spread(load_utterances(data), args.clips)]
         name = "heldout" if data == "heldout" else Path(data).name

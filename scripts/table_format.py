@@ -17,6 +17,7 @@ COMPILE = MEASURED / "compile-2026-12-05"
 TREES = MEASURED / "trees-2026-12-05"
 H200 = MEASURED / "h200-2026-12-04"
 ANCHOR_2X2 = MEASURED / "anchor-2x2-2026-12-04"
+DRAFT_STEPS = MEASURED / "cpu-2026-12-07"
 
 
 def markdown(header: list[str], rows: list[list[str]]) -> str:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
+from scripts.draft_tables import draft_steps_table, levers_table
 from scripts.gpu_tables import (
     bench_record,
     compile_decode_table,
@@ -405,6 +406,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "gpu-window": gpu_window_table,
     "draft-sizes": draft_sizes_table,
     "anchor-2x2": anchor_2x2_table,
+    "draft-steps": draft_steps_table,
+    "levers": levers_table,
 }
 
 

@@ -1,0 +1,58 @@
+"""The tables of issue 56's runs on a CPU: each draft precision in the loop, and each training lever's draft (from
+their stored outputs; scripts/tables.py puts them in the documents)."""
+
+from scripts.table_format import DRAFT_STEPS, TARGETS, aa_line, markdown, number, short, speed, stored
+
+PRECISIONS = ("float32", "float16")
+
+
+def draft_steps_table() -> str:
+    """Each draft precision's bench: our greedy loop (the baseline), the chain and a tree, with the run's A/A."""
+    rows = []
+    for target in TARGETS:
+        for weights in PRECISIONS:
+            record = stored(DRAFT_STEPS / f"bench-{target}-{weights}.json")
+            for row in record["summary"]:
+                if row["arm"].endswith("(A/A)") or row["arm"] == "greedy compiled":
+                    continue
+                drafted = row.get("L") is not None
+                arm = row["arm"].replace(f"{target}/", "") + (" (baseline)" if row["baseline"] else "")
+                costs = [number(row["L"]), number(row["rho"]), number(row["rho_w"])] if drafted else ["", "", ""]
+                rows.append([short(target), weights, arm, *costs, f"{row['ms_per_token']:.2f}", speed(row, "decode")])
+            rows.append([short(target), weights, aa_line(record), "", "", "", "", ""])
+    header = [
+        "target",
+        "draft weights",
+        "arm",
+        "L",
+        "rho in the loop",
+        "rho alone",
+        "ms/token",
+        "decode vs greedy [95%]",
+    ]
+    return markdown(header, rows)
+
+
+def levers_table() -> str:
+    """Each lever's draft on the clips no draft trained on: acceptance at K=4 and its vocabulary's reach, for every
+    target whose lever study is stored."""
+    rows = []
+    for path in sorted(DRAFT_STEPS.glob("levers-*.json"), key=lambda p: TARGETS.index(p.stem.removeprefix("levers-"))):
+        record = stored(path)
+        target = record["target"]
+        for data in ("speech", "heldout"):
+            for row in record[data]:
+                rows.append(
+                    [
+                        short(target),
+                        data,
+                        row["row"],
+                        number(row["a1"]),
+                        number(row["a2c"]),
+                        number(row["L"]),
+                        f"{100 * row['in_vocabulary']:.1f}%",
+                        f"{row['lossless_clips']}/{row['clips']}",
+                    ]
+                )
+    header = ["target", "clips", "draft", "a1", "a2c", "L", "greedy tokens in its vocabulary", "same tokens as greedy"]
+    return markdown(header, rows)
