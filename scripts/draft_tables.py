@@ -1,7 +1,17 @@
 """The tables of issue 56's runs on a CPU: each draft precision in the loop, and each training lever's draft (from
 their stored outputs; scripts/tables.py puts them in the documents)."""
 
-from scripts.table_format import DRAFT_STEPS, TARGETS, aa_line, markdown, number, short, speed, stored
+from scripts.table_format import (
+    DRAFT_STEPS,
+    TARGETS,
+    aa_line,
+    markdown,
+    number,
+    short,
+    speed,
+    stored,
+    unreliable,
+)
 
 PRECISIONS = ("float32", "float16")
 
@@ -31,6 +41,13 @@ def draft_steps_table() -> str:
         "decode vs greedy [95%]",
     ]
     return markdown(header, rows)
+
+
+def packed_chain(target: str) -> str:
+    """The headline's cell: the control chain with float16 weights packed for fbgemm, its speed and rho."""
+    record = stored(DRAFT_STEPS / f"bench-{target}-float16.json")
+    chain = next(row for row in record["summary"] if row["arm"] == f"{target}/control K=4")
+    return f"{speed(chain, 'decode', 2)}{unreliable(record)}, rho {chain['rho']:.3f}"
 
 
 def levers_table() -> str:

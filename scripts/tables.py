@@ -17,7 +17,7 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from scripts.draft_tables import draft_steps_table, levers_table
+from scripts.draft_tables import draft_steps_table, levers_table, packed_chain
 from scripts.gpu_tables import (
     bench_record,
     compile_decode_table,
@@ -122,6 +122,8 @@ def headline_table() -> str:
          "Our greedy loop against its peers"),
         ("CPU: fastest shipped draft, K=4, decode speed", _best_draft,
          "The real loop: drafts and windows (Tables 1, 2, 3, 6)"),
+        ("CPU: control draft, float16 weights packed, K=4 chain, 20 clips: decode speed, rho", packed_chain,
+         "Draft steps on a CPU"),
         ("CPU: matched rounds, control draft: L; anchor error, depth 1 -> 4", _drift,
          "Matched rounds (the paper's C.1 and Table 12)"),
         ("CPU: compiled greedy steps against plain ones", _compiled_greedy, "Compiled steps"),
