@@ -82,13 +82,13 @@ def measure(pipeline: Pipeline, target: str, drafts: dict[str, Path], clips) -> 
     """Each draft's acceptance over the clips, lossless against greedy on every clip, and how many of greedy's
     tokens its vocabulary holds."""
     greedy = [pipeline.decode(clip, Settings(target=target)) for clip in tqdm(clips, desc="greedy", unit="clip")]
+    tokens = [token for trace in greedy for token in trace.tokens]
     rows = []
     for name, folder in drafts.items():
         settings = Settings(target=target, draft=str(folder), draft_dtype="float16", k=4)
         vocabulary = set(pipeline.draft(settings).config.vocab_ids or range(pipeline.target(settings).vocab_size))
         traces = [pipeline.decode(clip, settings) for clip in tqdm(clips, desc=name, unit="clip")]
         found = acceptance(traces)
-        tokens = [token for trace in greedy for token in trace.tokens]
         rows.append(
             {
                 "row": name,

@@ -54,8 +54,8 @@ def levers_table() -> str:
     """Each lever's draft on the clips no draft trained on: acceptance at K=4 and its vocabulary's reach, for every
     target whose lever study is stored."""
     rows = []
-    for path in sorted(DRAFT_STEPS.glob("levers-*.json"), key=lambda p: TARGETS.index(p.stem.removeprefix("levers-"))):
-        record = stored(path)
+    studies = sorted(map(stored, DRAFT_STEPS.glob("levers-*.json")), key=lambda study: TARGETS.index(study["target"]))
+    for record in studies:
         target = record["target"]
         for data in ("speech", "heldout"):
             for row in record[data]:
