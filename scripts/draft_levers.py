@@ -41,6 +41,7 @@ ROWS = {
     "vocab-8192": ("baseline", ["--draft-vocab", "8192"]),
     "unroll-4": ("vocab-8192", ["--unroll", "4"]),
     "kl": ("unroll-4", ["--token-loss", "kl"]),
+    "vocab-8192-kl": ("vocab-8192", ["--token-loss", "kl"]),  # unroll 4 cost acceptance on the small draw
     "all-taps": ("unroll-4", ["--taps", "ALL"]),
     "perturbed": ("unroll-4", ["--perturbed", "REAL"]),  # every real clip once more, perturbed
 }
@@ -69,10 +70,14 @@ def recipe(target: str, row: str, epochs: int, sources: str = "shipped") -> list
     return options
 
 
-def train(target: str, row: str, epochs: int, sources: str) -> tuple[Path, list[str]]:
+def train(target: str, row: str, epochs: int, sources: str, processes: int = 1) -> tuple[Path, list[str]]:
+    """The row's draft folder and the command that trains it: under torchrun where `processes` share the work (on a
+    CPU one thread each; on the 2-core VM two such processes made tiny.en's features 1.6x faster than one process with
+    two threads, its training steps about 1.1x)."""
     out = cache_dir() / "levers" / f"{target}-{sources}" / row
-    command = [sys.executable, "-m", "specasr", "train", "--target", target, *recipe(target, row, epochs, sources)]
-    command += ["--out", str(out)]
+    launcher = ["-m", "torch.distributed.run", "--nproc-per-node", str(processes)] if processes > 1 else []
+    options = recipe(target, row, epochs, sources)
+    command = [sys.executable, *launcher, "-m", "specasr", "train", "--target", target, *options, "--out", str(out)]
     if not (out / "draft.safetensors").is_file():
         subprocess.run(command, check=True)
     return out, command[1:]
@@ -111,6 +116,7 @@ def main() -> None:
     parser.add_argument("--sources", default="shipped", choices=list(SOURCES), help="the training clips of every row")
     parser.add_argument("--rows", default=",".join(ROWS), help="rows to train and measure, comma-separated")
     parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--processes", type=int, default=1, help="train each row under torchrun with this many")
     parser.add_argument(
         "--data", default=f"{DEFAULT_SPEECH_DIR},heldout", help="evaluation sets, each a manifest's folder or heldout"
     )
@@ -120,7 +126,7 @@ def main() -> None:
     args = parser.parse_args()
 
     rows = args.rows.split(",")
-    trained = {row: train(args.target, row, args.epochs, args.sources) for row in rows}
+    trained = {row: train(args.target, row, args.epochs, args.sources, args.processes) for row in rows}
     drafts = {row: folder for row, (folder, _) in trained.items()}
     if args.shipped:
         drafts = {"shipped control": Path("drafts") / args.target / "control", **drafts}

@@ -1,6 +1,9 @@
 """The tables of issue 56's runs on a CPU: each draft precision in the loop, and each training lever's draft (from
 their stored outputs; scripts/tables.py puts them in the documents)."""
 
+import json
+from pathlib import Path
+
 from scripts.table_format import (
     DRAFT_STEPS,
     TARGETS,
@@ -64,6 +67,7 @@ def levers_table() -> str:
                         short(target),
                         data,
                         row["row"],
+                        training(record, row["row"]),
                         number(row["a1"]),
                         number(row["a2c"]),
                         number(row["L"]),
@@ -71,5 +75,21 @@ def levers_table() -> str:
                         f"{row['lossless_clips']}/{row['clips']}",
                     ]
                 )
-    header = ["target", "clips", "draft", "a1", "a2c", "L", "greedy tokens in its vocabulary", "same tokens as greedy"]
-    return markdown(header, rows)
+    header = ["target", "clips", "draft", "trained on", "a1", "a2c", "L", "greedy tokens in its vocabulary"]
+    return markdown([*header, "same tokens as greedy"], rows)
+
+
+SOURCE_OPTIONS = ("--real", "--real-2", "--espeak", "--hibari", "--perturbed")
+
+
+def training(record: dict, row: str) -> str:
+    """'CLIPS clips x EPOCHS': from the row's train command, or for the shipped draft from its recorded settings."""
+    command = record["commands"].get(row)
+    if command is None:
+        settings = json.loads((Path("drafts") / record["target"] / "control" / "config.json").read_text())["training"]
+        clips, epochs = sum(source["count"] for source in settings["sources"].values()), settings["epochs"]
+    else:
+        value = {name: int(value) for name, value in zip(command, command[1:], strict=False) if name.startswith("--")
+                 and value.isdigit()}  # fmt: skip
+        clips, epochs = sum(value.get(name, 0) for name in SOURCE_OPTIONS), value["--epochs"]
+    return f"{clips:,} clips x {epochs} epochs"

@@ -16,6 +16,7 @@ from specasr.draft import (
     start_from_target_layer,
 )
 from specasr.targets import DTYPES
+from specasr.targets.packed import FBGEMM
 from specasr.trace import Settings, SettingsError
 from specasr.windows import window_mask
 
@@ -246,3 +247,18 @@ def test_int8_weights_are_refused_where_fbgemm_does_not_run(tiny_en):
         Settings(draft="random", draft_dtype="int4")
     with pytest.raises(DraftMismatchError, match="unknown draft precision 'int4'"):
         random_draft(tiny_en, precision="int4")
+
+
+@pytest.mark.skipif(not FBGEMM, reason="fbgemm is not in this torch build")
+def test_an_int8_draft_keeps_float16_weights_in_its_block_and_int8_in_its_head(tiny_en):
+    """int8 goes to the head alone: the states the draft carries are those of its float16 weights."""
+    half, narrow = (random_draft(tiny_en, seed=5, precision=p) for p in ("float16", "int8"))
+    memory = torch.randn(1, 40, tiny_en.d_model)
+    features = torch.randn(1, 3, len(half.config.taps) * tiny_en.d_model)
+    tokens = torch.tensor([[5, 6, 7]])
+    with torch.inference_mode():
+        outs = [d(features, tokens, d.new_cache(memory, 40, capacity=8)) for d in (half, narrow)]
+        assert torch.equal(outs[0].state, outs[1].state) and torch.equal(outs[0].hidden, outs[1].hidden)
+        scores = [d.logits(out.hidden) for d, out in zip((half, narrow), outs, strict=True)]
+    assert not torch.equal(*scores)
+    assert torch.allclose(*scores, atol=0.1 * scores[0].abs().max().item())  # 8 bits: a few percent of the largest
