@@ -1,6 +1,7 @@
 """The tables of issue 56's runs on a CPU: each draft precision in the loop, and each training lever's draft (from
 their stored outputs; scripts/tables.py puts them in the documents)."""
 
+import itertools
 import json
 from pathlib import Path
 
@@ -89,7 +90,7 @@ def training(record: dict, row: str) -> str:
         settings = json.loads((Path("drafts") / record["target"] / "control" / "config.json").read_text())["training"]
         clips, epochs = sum(source["count"] for source in settings["sources"].values()), settings["epochs"]
     else:
-        value = {name: int(value) for name, value in zip(command, command[1:], strict=False) if name.startswith("--")
-                 and value.isdigit()}  # fmt: skip
+        pairs = itertools.pairwise(command)
+        value = {name: int(value) for name, value in pairs if name.startswith("--") and value.isdigit()}
         clips, epochs = sum(value.get(name, 0) for name in SOURCE_OPTIONS), value["--epochs"]
     return f"{clips:,} clips x {epochs} epochs"
