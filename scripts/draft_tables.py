@@ -60,14 +60,13 @@ def packed_chain(target: str) -> str:
 def levers_table() -> str:
     """Each lever's draft on the clips no draft trained on: acceptance at K=4 and its vocabulary's reach, for every
     target whose lever study is stored; the shipped draft, which every study of its target evaluates, is listed once."""
-    studies = sorted(map(stored, DRAFT_STEPS.glob("levers-*.json")), key=lambda study: TARGETS.index(study["target"]))
+    studies = [stored(path) for path in sorted(DRAFT_STEPS.glob("levers-*.json"))]
     rows = []
-    for _, group in itertools.groupby(studies, key=lambda study: study["target"]):
-        group = list(group)
-        for data in ("speech", "heldout"):
-            for record, row in ((study, row) for study in group for row in study[data]):
+    for target, data in itertools.product(TARGETS, ("speech", "heldout")):
+        for record in (study for study in studies if study["target"] == target):
+            for row in record[data]:
                 cells = [
-                    short(record["target"]),
+                    short(target),
                     data,
                     row["row"],
                     training(record, row["row"]),
