@@ -17,26 +17,23 @@ from scripts.table_format import (
     unreliable,
 )
 
-PRECISIONS = ("float32", "float16", "int8")
+PRECISIONS = ("float32", "float16")
 
 
 def draft_steps_table() -> str:
-    """Each stored bench of a draft precision: our greedy loop (the baseline), its drafts' chains and trees, with
-    the run's A/A."""
+    """Each draft precision's bench: our greedy loop (the baseline), the chain and a tree, with the run's A/A."""
     rows = []
-    for target, weights in itertools.product(TARGETS, PRECISIONS):
-        path = DRAFT_STEPS / f"bench-{target}-{weights}.json"
-        if not path.exists():
-            continue
-        record = stored(path)
-        for row in record["summary"]:
-            if row["arm"].endswith("(A/A)") or row["arm"] == "greedy compiled":
-                continue
-            drafted = row.get("L") is not None
-            arm = row["arm"].replace(f"{target}/", "") + (" (baseline)" if row["baseline"] else "")
-            costs = [number(row["L"]), number(row["rho"]), number(row["rho_w"])] if drafted else ["", "", ""]
-            rows.append([short(target), weights, arm, *costs, f"{row['ms_per_token']:.2f}", speed(row, "decode")])
-        rows.append([short(target), weights, aa_line(record), "", "", "", "", ""])
+    for target in TARGETS:
+        for weights in PRECISIONS:
+            record = stored(DRAFT_STEPS / f"bench-{target}-{weights}.json")
+            for row in record["summary"]:
+                if row["arm"].endswith("(A/A)") or row["arm"] == "greedy compiled":
+                    continue
+                drafted = row.get("L") is not None
+                arm = row["arm"].replace(f"{target}/", "") + (" (baseline)" if row["baseline"] else "")
+                costs = [number(row["L"]), number(row["rho"]), number(row["rho_w"])] if drafted else ["", "", ""]
+                rows.append([short(target), weights, arm, *costs, f"{row['ms_per_token']:.2f}", speed(row, "decode")])
+            rows.append([short(target), weights, aa_line(record), "", "", "", "", ""])
     header = [
         "target",
         "draft weights",
