@@ -352,7 +352,9 @@ def draft_sizes_table() -> str:
     for folder in sorted((ROOT / "drafts").glob("*/*/")):
         config = json.loads((folder / "config.json").read_text())
         taps = ", ".join(str(t) for t in config.get("taps", []))
-        shape = f"taps {taps}; feed-forward {config['ffn_dim']}" + ("" if config.get("audio", True) else "; no audio")
+        vocabulary = len(config.get("vocab_ids") or range(config["vocab_size"]))
+        shape = f"taps {taps}; feed-forward {config['ffn_dim']}; vocabulary {vocabulary}"
+        shape += "" if config.get("audio", True) else "; no audio"
         size = sum(f.stat().st_size for f in folder.iterdir()) / 1e6
         rows.append([f"`{folder.parent.name}/{folder.name}`", shape, f"{size:.1f} MB"])
     return markdown(["draft", "shape", "size"], rows)
